@@ -1,0 +1,79 @@
+"""ckpt: publish and resolve ML training checkpoints on POSIX filesystems and S3, fenced by epoch.
+
+The public API is what ``__all__`` lists (a test pins it). Everything else is internal.
+
+    >>> import ckpt, tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> store = ckpt.open_store(root)
+    >>> store.resolve() is None
+    True
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ckpt.domain.entries import Entry, latest, parse_epoch, parse_step, validate_attempt, validate_save
+from ckpt.domain.errors import (
+    CkptError,
+    ConfigError,
+    CredentialsError,
+    ExistsError,
+    InvalidError,
+    MalformedError,
+    NotFoundError,
+    ProxyConfigError,
+    ScanTimeoutError,
+    StorageError,
+)
+from ckpt.domain.names import format_entry_name, parse_entry_name
+from ckpt.domain.ports import FileInfo, Folder, PruneResult, SaveReader, SkippedFolder, Store, WatchStore
+from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
+from ckpt.store import open_store
+
+if TYPE_CHECKING:
+    from ckpt.domain.proxy import ProxyRule
+
+__all__ = [
+    "CkptError",
+    "ConfigError",
+    "CredentialsError",
+    "Entry",
+    "ExistsError",
+    "FileInfo",
+    "Folder",
+    "InvalidError",
+    "MalformedError",
+    "NotFoundError",
+    "ProxyConfigError",
+    "ProxyRule",
+    "PrunePlan",
+    "PruneResult",
+    "SaveReader",
+    "ScanTimeoutError",
+    "SkippedFolder",
+    "StorageError",
+    "Store",
+    "WatchStore",
+    "format_entry_name",
+    "latest",
+    "open_store",
+    "overlaps",
+    "parse_entry_name",
+    "parse_epoch",
+    "parse_step",
+    "plan_prune",
+    "validate_attempt",
+    "validate_save",
+]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # ProxyRule pulls in ipaddress; a POSIX-only command should not pay for it at start-up.
+    if name == "ProxyRule":
+        from ckpt.domain.proxy import ProxyRule
+
+        return ProxyRule
+    raise AttributeError(f"module 'ckpt' has no attribute {name!r}")

@@ -1,0 +1,319 @@
+"""The ``ckpt`` command line (SPEC §8).
+
+Rules:
+
+1. Exit codes: 0 success; 1 operational failure (storage, network, credentials, timeout); 2 usage error or
+   ``InvalidError``; 3 ``resolve`` found nothing; 4 ``publish`` found the entry already there; 5 a malformed
+   name in the publication log.
+2. An error is one line on stderr starting ``ckpt: ``; never a traceback.
+3. ``--json`` prints exactly one JSON document on stdout.
+4. Start-up stays cheap: command modules, boto3 and hvac are imported only by the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
+
+if TYPE_CHECKING:
+    from ckpt.config import Config
+    from ckpt.domain.ports import WatchStore
+
+__all__ = ["Context", "main"]
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOTHING, EXIT_EXISTS, EXIT_MALFORMED = 0, 1, 2, 3, 4, 5
+
+
+class UsageError(Exception):
+    """A command-line usage error (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+class Context:
+    """What a command needs: parsed arguments, the environment, the streams, and lazily the store."""
+
+    def __init__(
+        self, args: argparse.Namespace, environ: Mapping[str, str], stdout: IO[str], stderr: IO[str]
+    ) -> None:
+        self.args = args
+        self.environ = environ
+        self.stdout = stdout
+        self.stderr = stderr
+        self._config: Config | None = None
+        self._store: WatchStore | None = None
+
+    @property
+    def json(self) -> bool:
+        return bool(self.args.json)
+
+    def config(self) -> Config:
+        """The configuration file from ``--config`` or ``CKPT_CONFIG``, or an empty configuration."""
+        if self._config is None:
+            from ckpt.config import Config, load_config
+
+            path = self.args.config or self.environ.get("CKPT_CONFIG") or None
+            self._config = load_config(path) if path else Config()
+        return self._config
+
+    def root(self) -> str:
+        """``--root``, else ``CKPT_ROOT``, else the configuration file's ``root``."""
+        root = self.args.root or self.environ.get("CKPT_ROOT") or self.config().root
+        if not root:
+            raise UsageError("no checkpoint root: pass --root, set CKPT_ROOT, or set root in the config file")
+        return str(root)
+
+    def store(self) -> WatchStore:
+        """The store for the root (opened once)."""
+        if self._store is None:
+            from ckpt.store import open_store
+
+            self._store = open_store(self.root(), config=self.config(), environ=self.environ)
+        return self._store
+
+    def save_location(self, save: str) -> str:
+        """Turn a ``SAVE`` argument into a location: absolute paths and URLs as given, else under the root."""
+        if save.startswith("/") or "://" in save:
+            return save
+        return self.store().root.rstrip("/") + "/" + save
+
+    def say(self, line: str) -> None:
+        self.stdout.write(line + "\n")
+
+    def warn(self, line: str) -> None:
+        self.stderr.write(f"ckpt: {line}\n")
+
+
+Handler = Callable[[Context], int]
+
+
+def _epoch_arg(ctx: Context) -> int:
+    from ckpt.domain.entries import parse_epoch
+
+    text = ctx.args.epoch if ctx.args.epoch is not None else ctx.environ.get("DISPATCH_EPOCH")
+    if text is None:
+        raise UsageError("no epoch: pass --epoch or set DISPATCH_EPOCH")
+    return parse_epoch(text)
+
+
+def _attempt_arg(ctx: Context) -> str:
+    attempt = ctx.args.attempt if ctx.args.attempt is not None else ctx.environ.get("DISPATCH_ATTEMPT")
+    if attempt is None:
+        raise UsageError("no attempt: pass --attempt or set DISPATCH_ATTEMPT")
+    return str(attempt)
+
+
+# -- commands ----------------------------------------------------------------------------------------------
+
+
+def _cmd_resolve(ctx: Context) -> int:
+    from ckpt.cli.output import entry_document, print_json
+
+    store = ctx.store()
+    skipped: list[dict[str, Any]] = []
+    if ctx.args.framework:
+        from ckpt.domain.frameworks import parse_framework
+        from ckpt.verify import resolve_verified
+
+        verified = resolve_verified(store, parse_framework(ctx.args.framework))
+        for passed, reason in verified.skipped:
+            ctx.warn(f"skipped {store.location(passed)}: {reason}")
+            skipped.append({"entry": entry_document(store, passed), "reason": reason})
+        entry = verified.entry
+    else:
+        entry = store.resolve()
+    if entry is None:
+        what = f"no complete {ctx.args.framework} save" if ctx.args.framework else "nothing"
+        ctx.warn(f"{what} is published under {store.root}")
+        return EXIT_NOTHING
+    if ctx.json:
+        document = entry_document(store, entry)
+        if ctx.args.framework:
+            document["skipped"] = skipped
+        print_json(document, ctx.stdout)
+    else:
+        ctx.say(store.location(entry))
+    return EXIT_OK
+
+
+def _cmd_entries(ctx: Context) -> int:
+    from ckpt.cli.output import entry_document, entry_line, print_json
+
+    store = ctx.store()
+    entries = store.entries()
+    if ctx.json:
+        print_json([entry_document(store, e) for e in entries], ctx.stdout)
+    else:
+        ctx.stdout.write("".join(entry_line(store, e) + "\n" for e in entries))
+    return EXIT_OK
+
+
+def _cmd_publish(ctx: Context) -> int:
+    from ckpt.cli.output import entry_document, print_json
+    from ckpt.domain.entries import parse_step
+
+    epoch = _epoch_arg(ctx)
+    step = parse_step(ctx.args.step)
+    store = ctx.store()
+    entry = store.publish(epoch, step, ctx.save_location(ctx.args.save))
+    if ctx.json:
+        print_json(entry_document(store, entry), ctx.stdout)
+    else:
+        ctx.say(f"published epoch {entry.epoch} step {entry.step}: {store.location(entry)}")
+    return EXIT_OK
+
+
+def _cmd_prune(ctx: Context) -> int:
+    from ckpt.cli.output import print_json, prune_document
+
+    text = ctx.args.keep
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise InvalidError(f"--keep {text!r} must be a whole number >= 1")
+    store = ctx.store()
+    result = store.prune(int(text), dry_run=ctx.args.dry_run)
+    if ctx.json:
+        print_json(prune_document(store, result), ctx.stdout)
+        return EXIT_OK
+    verb = "would remove" if result.dry_run else "removed"
+    for entry in result.removed_entries:
+        ctx.say(f"{verb} entry: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
+    for folder in result.removed_folders:
+        ctx.say(f"{verb} folder: {folder}")
+    for skip in result.skipped:
+        ctx.say(f"kept folder: {skip.location} ({skip.reason})")
+    if not (result.removed_entries or result.removed_folders or result.skipped):
+        ctx.say("nothing to prune")
+    return EXIT_OK
+
+
+def _cmd_exec_dir(ctx: Context) -> int:
+    from ckpt.cli.output import print_json
+
+    location = ctx.store().exec_dir(_attempt_arg(ctx))
+    if ctx.json:
+        print_json({"location": location}, ctx.stdout)
+    else:
+        ctx.say(location)
+    return EXIT_OK
+
+
+def _cmd_demo(ctx: Context) -> int:
+    from ckpt.cli.demo import run_demo
+
+    return run_demo(ctx)
+
+
+def _cmd_module(module: str) -> Handler:
+    """A handler that imports ``ckpt.cli.<module>`` only when its command runs."""
+
+    def handler(ctx: Context) -> int:
+        import importlib
+
+        result: int = importlib.import_module(f"ckpt.cli.{module}").run(ctx)
+        return result
+
+    return handler
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line."""
+    parser = _Parser(
+        prog="ckpt",
+        description="Publish and resolve training checkpoints on POSIX and S3, fenced by scheduler epoch.",
+    )
+    parser.add_argument("--root", help="checkpoint root: absolute path or s3://BUCKET[/PREFIX] (CKPT_ROOT)")
+    parser.add_argument("--config", help="TOML configuration file (CKPT_CONFIG)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-format", default="text", choices=("text", "json"))
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    p = commands.add_parser("resolve", help="location of the latest save")
+    p.add_argument("--framework", choices=("hf", "dcp"), help="verify the save against the framework's rule")
+    p.set_defaults(handler=_cmd_resolve)
+
+    p = commands.add_parser("entries", help="every entry, ascending: <epoch> <step> <location>")
+    p.set_defaults(handler=_cmd_entries)
+
+    p = commands.add_parser("publish", help="publish a complete save")
+    p.add_argument("--epoch", help="scheduler epoch (DISPATCH_EPOCH)")
+    p.add_argument("--step", required=True, help="training step")
+    p.add_argument("save", metavar="SAVE", help="path or s3:// URL under the root, or relative to it")
+    p.set_defaults(handler=_cmd_publish)
+
+    p = commands.add_parser("prune", help="keep the N latest entries and remove what only the others need")
+    p.add_argument("--keep", required=True, help="how many entries to keep (>= 1)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    p.set_defaults(handler=_cmd_prune)
+
+    p = commands.add_parser("exec-dir", help="the folder one execution saves into")
+    p.add_argument("--attempt", help="execution attempt (DISPATCH_ATTEMPT)")
+    p.set_defaults(handler=_cmd_exec_dir)
+
+    for module in _EXTRA_COMMANDS:
+        __import__(f"ckpt.cli.{module}", fromlist=["register"]).register(commands)
+
+    p = commands.add_parser("demo", help="an end-to-end run on a temporary local root")
+    p.add_argument("--s3", action="store_true", help="run the demo against an embedded S3 server (moto)")
+    p.add_argument("--keep-root", action="store_true", help="leave the temporary root in place afterwards")
+    p.set_defaults(handler=_cmd_demo)
+    return parser
+
+
+# Command modules with their own ``register(subparsers)`` and ``run(ctx)``; they import their heavy
+# dependencies inside ``run``.
+_EXTRA_COMMANDS: tuple[str, ...] = ()
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> int:
+    """Run the command line; return the exit code."""
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    env = os.environ if environ is None else environ
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        err.write(f"ckpt: {exc} (see ckpt --help)\n")
+        return EXIT_USAGE
+    ctx = Context(args, env, out, err)
+    from ckpt.cli.logs import configure_logging
+
+    configure_logging(args.log_level, args.log_format, err)
+    try:
+        code: int = args.handler(ctx)
+        return code
+    except UsageError as exc:
+        ctx.warn(str(exc))
+        return EXIT_USAGE
+    except ExistsError as exc:
+        ctx.warn(str(exc))
+        return EXIT_EXISTS
+    except MalformedError as exc:
+        ctx.warn(str(exc))
+        return EXIT_MALFORMED
+    except InvalidError as exc:
+        ctx.warn(str(exc))
+        return EXIT_USAGE
+    except CkptError as exc:
+        ctx.warn(str(exc))
+        return EXIT_FAILURE
+    except OSError as exc:
+        ctx.warn(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""))
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        ctx.warn("interrupted")
+        return 130

@@ -1,0 +1,150 @@
+"""The configuration file (SPEC §9): TOML read with the standard library, every key validated.
+
+An unknown key, a wrong type or a missing required key is a :class:`ConfigError` (exit 2) that names the key
+with its full path (``s3.read_timeout``, ``credentials[2].auth.role``). The ``[proxy]`` and
+``[[credentials]]`` tables are kept as validated raw tables here and turned into a ``ProxyRule`` and a
+credential chain by their own modules, which own their keys.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ckpt.domain.errors import ConfigError
+
+__all__ = ["Config", "S3Settings", "load_config", "parse_config"]
+
+_ADDRESSING = ("path", "virtual", "auto")
+
+
+@attrs.frozen
+class S3Settings:
+    """The ``[s3]`` table: how the S3 client reaches the endpoint."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing_style: str = "auto"
+    ca_bundle: str | None = None
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    max_attempts: int = 5
+    refresh_seconds: float = 900.0
+    max_staleness_seconds: float = 3600.0
+
+
+@attrs.frozen
+class Config:
+    """A whole configuration file. ``proxy`` is ``None`` when the file has no ``[proxy]`` table."""
+
+    root: str | None = None
+    s3: S3Settings = S3Settings()
+    proxy: Mapping[str, Any] | None = None
+    credentials: tuple[Mapping[str, Any], ...] = ()
+    path: str | None = None
+
+
+def _number(table: Mapping[str, Any], key: str, where: str, *, positive: bool = True) -> float | None:
+    if key not in table:
+        return None
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}.{key} must be a number, got {value!r}", key=f"{where}.{key}")
+    if positive and value <= 0:
+        raise ConfigError(f"{where}.{key} must be greater than 0, got {value!r}", key=f"{where}.{key}")
+    return float(value)
+
+
+def _string(table: Mapping[str, Any], key: str, where: str) -> str | None:
+    if key not in table:
+        return None
+    value = table[key]
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}.{key} must be a non-empty string, got {value!r}", key=f"{where}.{key}")
+    return value
+
+
+def _unknown(table: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            full = f"{where}.{key}" if where else key
+            raise ConfigError(f"unknown key {full!r} in the configuration file", key=full)
+
+
+def _parse_s3(table: object) -> S3Settings:
+    if not isinstance(table, Mapping):
+        raise ConfigError("s3 must be a table", key="s3")
+    fields = tuple(a.name for a in attrs.fields(S3Settings))
+    _unknown(table, fields, "s3")
+    kwargs: dict[str, Any] = {}
+    for key in ("endpoint_url", "region", "ca_bundle", "addressing_style"):
+        value = _string(table, key, "s3")
+        if value is not None:
+            kwargs[key] = value
+    if kwargs.get("addressing_style", "auto") not in _ADDRESSING:
+        raise ConfigError(
+            f"s3.addressing_style must be one of {', '.join(_ADDRESSING)},"
+            f" got {kwargs['addressing_style']!r}",
+            key="s3.addressing_style",
+        )
+    for key in ("connect_timeout", "read_timeout", "refresh_seconds", "max_staleness_seconds"):
+        number = _number(table, key, "s3")
+        if number is not None:
+            kwargs[key] = number
+    if "max_attempts" in table:
+        value = table["max_attempts"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"s3.max_attempts must be an integer >= 1, got {value!r}", key="s3.max_attempts"
+            )
+        kwargs["max_attempts"] = value
+    return S3Settings(**kwargs)
+
+
+def parse_config(document: Mapping[str, Any], *, path: str | None = None) -> Config:
+    """Validate a parsed TOML document and return the :class:`Config`."""
+    _unknown(document, ("root", "s3", "proxy", "credentials"), "")
+    root = document.get("root")
+    if root is not None and (not isinstance(root, str) or not root):
+        raise ConfigError(f"root must be a non-empty string, got {root!r}", key="root")
+    s3 = _parse_s3(document["s3"]) if "s3" in document else S3Settings()
+    proxy = document.get("proxy")
+    if proxy is not None and not isinstance(proxy, Mapping):
+        raise ConfigError("proxy must be a table", key="proxy")
+    credentials = document.get("credentials", [])
+    if not isinstance(credentials, list) or not all(isinstance(t, Mapping) for t in credentials):
+        raise ConfigError("credentials must be an array of tables ([[credentials]])", key="credentials")
+    if proxy is not None:
+        _validate_proxy(proxy)
+    if credentials:
+        _validate_credentials(credentials)
+    return Config(root=root, s3=s3, proxy=proxy, credentials=tuple(credentials), path=path)
+
+
+def _validate_proxy(table: Mapping[str, Any]) -> None:
+    from ckpt.domain.proxy import ProxyRule
+
+    ProxyRule.from_config(table, cgi=False)
+
+
+def _validate_credentials(tables: list[Mapping[str, Any]]) -> None:
+    from ckpt.creds.config import validate_credentials_config
+
+    validate_credentials_config(tables)
+
+
+def load_config(path: str) -> Config:
+    """Read and validate the TOML file at ``path``."""
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist", key=None) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc.strerror}") from None
+    return parse_config(document, path=path)

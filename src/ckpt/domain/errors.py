@@ -1,0 +1,117 @@
+"""Every error `ckpt` raises, in one tree.
+
+::
+
+    CkptError                                   root: catch this to catch everything of ours
+    ├── InvalidError(ValueError)                an argument or setting the operation refuses (exit 2)
+    │   ├── ConfigError                         the configuration file or its values (exit 2)
+    │   └── ProxyConfigError                    a proxy value or NO_PROXY rule, or the CGI guard (exit 2)
+    ├── MalformedError(ValueError)              a stored value that does not parse: an entry name (exit 5)
+    ├── ExistsError(FileExistsError)            the entry is already published; carries it (exit 4)
+    ├── StorageError(OSError)                   the storage failed or refused (exit 1)
+    │   └── NotFoundError(FileNotFoundError)    the root, bucket or save does not exist (exit 1)
+    ├── CredentialsError(PermissionError)       a credential source is broken or refused (exit 1)
+    └── ScanTimeoutError(TimeoutError)          a watcher scan exceeded its timeout (exit 1)
+
+Each leaf also derives from the nearest builtin so that callers who only know the standard library still
+catch it sensibly. Messages say what failed, why, and the offending value; a message never contains a
+secret (keys, tokens, passwords, proxy user-info): the code that raises is responsible for redacting.
+
+This module is pure: it imports nothing but the standard library's typing support.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ckpt.domain.entries import Entry
+
+__all__ = [
+    "CkptError",
+    "ConfigError",
+    "CredentialsError",
+    "ExistsError",
+    "InvalidError",
+    "MalformedError",
+    "NotFoundError",
+    "ProxyConfigError",
+    "ScanTimeoutError",
+    "StorageError",
+]
+
+
+class CkptError(Exception):
+    """The root of every error `ckpt` raises on purpose."""
+
+
+class InvalidError(CkptError, ValueError):
+    """An argument the operation refuses: a bad epoch, step, attempt, save path or setting."""
+
+
+class ConfigError(InvalidError):
+    """The configuration file, or a value in it, is wrong. ``key`` names the offending key when known."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ProxyConfigError(InvalidError):
+    """A proxy URL or ``NO_PROXY`` value is malformed, or the CGI guard refused a proxy."""
+
+
+class MalformedError(CkptError, ValueError):
+    """A stored value does not parse, such as a name in ``pub/``. ``value`` is the offending value."""
+
+    def __init__(self, message: str, *, value: str | None = None) -> None:
+        super().__init__(message)
+        self.value = value
+
+
+class ExistsError(CkptError, FileExistsError):
+    """The entry is already published; it was left untouched. ``entry`` is that entry."""
+
+    def __init__(self, message: str, *, entry: Entry) -> None:
+        super().__init__(message)
+        self.entry = entry
+
+    def __str__(self) -> str:
+        # FileExistsError formats itself from errno/strerror when given several arguments; we give one.
+        return str(self.args[0])
+
+
+class StorageError(CkptError, OSError):
+    """The storage failed or refused an operation. ``location`` names the path or URL involved."""
+
+    def __init__(self, message: str, *, location: str | None = None) -> None:
+        super().__init__(message)
+        self.location = location
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """The root, bucket, folder or save the operation needs does not exist."""
+
+
+class CredentialsError(CkptError, PermissionError):
+    """A credential source is present but broken, refused, or no source had credentials.
+
+    ``source`` is the name of the source (never its secrets).
+    """
+
+    def __init__(self, message: str, *, source: str | None = None) -> None:
+        super().__init__(message)
+        self.source = source
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class ScanTimeoutError(CkptError, TimeoutError):
+    """A watcher scan took longer than its timeout (the store stopped answering, or is too slow)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])

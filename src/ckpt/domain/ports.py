@@ -1,0 +1,135 @@
+"""The ports: what the core needs from storage, as small Protocols, and the values they return.
+
+Adapters (``ckpt.adapters.posix``, ``ckpt.adapters.s3``) and the fake (``ckpt.testing.InMemoryStore``)
+satisfy these structurally; the store contract suite in ``tests/`` runs against every one of them.
+
+A *location* is a save's address in the store's own form: an absolute POSIX path, or an ``s3://`` URL.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from ckpt.domain.entries import Entry
+
+__all__ = [
+    "FileInfo",
+    "Folder",
+    "PruneResult",
+    "SaveReader",
+    "SkippedFolder",
+    "Store",
+    "WatchStore",
+]
+
+
+@attrs.frozen
+class SkippedFolder:
+    """A folder prune would have removed but left in place, and why."""
+
+    location: str
+    reason: str
+
+
+@attrs.frozen
+class PruneResult:
+    """What a prune removed (or, in a dry run, would remove), and the folders it left and why."""
+
+    removed_entries: tuple[Entry, ...]
+    removed_folders: tuple[str, ...]
+    skipped: tuple[SkippedFolder, ...]
+    dry_run: bool = False
+
+
+@attrs.frozen
+class Folder:
+    """One folder directly inside a store location: its name and its location."""
+
+    name: str
+    location: str
+
+
+@attrs.frozen
+class FileInfo:
+    """One file inside a save: its path relative to the save (slash-separated) and its size in bytes."""
+
+    path: str
+    size: int
+
+
+@runtime_checkable
+class Store(Protocol):
+    """One checkpoint root's publication log."""
+
+    @property
+    def root(self) -> str:
+        """The root, as given: an absolute path or an ``s3://`` URL."""
+        ...
+
+    def publish(self, epoch: int, step: int, save_location: str) -> Entry:
+        """Publish the save at ``save_location`` (a location under the root) as of ``epoch`` and ``step``.
+
+        The save must exist. Creates the entry exclusively; when this returns, the entry is durable.
+        Raises ``ExistsError`` (carrying the entry, untouched) when it is already published,
+        ``InvalidError`` for a location outside the root or an invalid save, ``NotFoundError`` when the save
+        does not exist, ``StorageError`` when the storage fails.
+        """
+        ...
+
+    def entries(self) -> list[Entry]:
+        """Return every entry, ascending. A bad name or a sub-folder in ``pub/`` raises ``MalformedError``.
+
+        A missing ``pub/`` has no entries; a missing root raises ``NotFoundError``.
+        """
+        ...
+
+    def resolve(self) -> Entry | None:
+        """Return the greatest entry, or ``None``. A pure read: no lock, no write, no check of the save."""
+        ...
+
+    def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
+        """Remove all but the ``keep`` greatest entries, then the folders only removed entries named.
+
+        Entries are read again after the removals and before any folder is removed. ``keep < 1`` raises
+        ``InvalidError``. With ``dry_run`` nothing is changed and the result says what would be removed.
+        """
+        ...
+
+    def location(self, entry: Entry) -> str:
+        """Return where the save ``entry`` names lives, in the store's own form."""
+        ...
+
+    def exec_dir(self, attempt: str) -> str:
+        """Return the location of ``<root>/exec/<attempt>``; ``InvalidError`` for a bad attempt."""
+        ...
+
+
+@runtime_checkable
+class SaveReader(Protocol):
+    """Reads the files inside a save, so one framework rule runs on every store."""
+
+    def read_file(self, save_location: str, name: str) -> bytes | None:
+        """Return the content of file ``name`` inside the save, or ``None`` when there is none."""
+        ...
+
+    def exists(self, save_location: str, name: str) -> bool:
+        """Return True when file ``name`` is present inside the save."""
+        ...
+
+    def files(self, save_location: str) -> list[FileInfo]:
+        """Return every file inside the save, recursively, sorted by path (what "settled" compares)."""
+        ...
+
+
+@runtime_checkable
+class WatchStore(Store, SaveReader, Protocol):
+    """A store the watcher can look into for saves."""
+
+    def folders(self, location: str) -> list[Folder]:
+        """Return the folders directly inside ``location``, in no particular order.
+
+        None when ``location`` does not exist; ``NotFoundError`` when the root does not exist.
+        """
+        ...

@@ -1,0 +1,36 @@
+"""Shared fixtures. ``harness`` runs a test once per store implementation (the contract suite)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from harness import Harness, MemoryHarness, PosixHarness
+
+HarnessFactory = Callable[[pytest.FixtureRequest, Path], Iterator[Harness]]
+
+
+def _memory(_request: pytest.FixtureRequest, _tmp: Path) -> Iterator[Harness]:
+    yield MemoryHarness()
+
+
+def _posix(_request: pytest.FixtureRequest, tmp: Path) -> Iterator[Harness]:
+    root = tmp / "root"
+    root.mkdir()
+    yield PosixHarness(str(root))
+
+
+# name -> factory. The S3 harnesses (moto in-process, moto's HTTP server) are added by tests/s3_support.py.
+HARNESS_FACTORIES: dict[str, HarnessFactory] = {"memory": _memory, "posix": _posix}
+
+
+@pytest.fixture(params=sorted(HARNESS_FACTORIES))
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    """One fresh store per implementation."""
+    yield from HARNESS_FACTORIES[request.param](request, tmp_path)
