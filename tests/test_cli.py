@@ -1,0 +1,222 @@
+"""The command line as a user runs it: real subprocesses, exit codes, --json documents, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckpt.domain.entries import Entry
+from ckpt.domain.names import format_entry_name
+
+ENTRY_KEYS = {"epoch", "step", "save", "location", "name"}
+
+
+def ckpt(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_"))}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+        check=False,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ckpt: ")
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "root"
+    r.mkdir()
+    return r
+
+
+def save(root: Path, rel: str) -> str:
+    (root / rel).mkdir(parents=True)
+    return rel
+
+
+class TestResolve:
+    def test_nothing_published_exits_3(self, root: Path) -> None:
+        """resolve on an empty root exits 3 with one line on stderr."""
+        assert_one_line_error(ckpt("--root", str(root), "resolve"), 3)
+
+    def test_prints_the_latest_location(self, root: Path) -> None:
+        """resolve prints the location of the greatest entry; the zombie's higher step loses."""
+        ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "900", save(root, "exec/a/ck-900"))
+        ckpt("--root", str(root), "publish", "--epoch", "2", "--step", "100", save(root, "exec/b/ck-100"))
+        result = ckpt("--root", str(root), "resolve")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f"{root}/exec/b/ck-100\n"
+
+    def test_json_document(self, root: Path) -> None:
+        """resolve --json prints one entry document."""
+        ckpt("--root", str(root), "publish", "--epoch", "2", "--step", "100", save(root, "exec/b/ck-100"))
+        document = json.loads(ckpt("--root", str(root), "--json", "resolve").stdout)
+        assert document == {
+            "epoch": 2,
+            "step": 100,
+            "save": "exec/b/ck-100",
+            "location": f"{root}/exec/b/ck-100",
+            "name": format_entry_name(Entry(2, 100, "exec/b/ck-100")),
+        }
+
+    def test_root_from_the_environment(self, root: Path) -> None:
+        """CKPT_ROOT is the default root."""
+        ckpt("--root", str(root), "publish", "--epoch", "2", "--step", "1", save(root, "exec/b/ck-1"))
+        result = ckpt("resolve", env={"CKPT_ROOT": str(root)})
+        assert result.stdout == f"{root}/exec/b/ck-1\n"
+
+    def test_malformed_name_exits_5(self, root: Path) -> None:
+        """A malformed name in pub/ exits 5 and the error names it."""
+        (root / "pub").mkdir()
+        (root / "pub" / "garbage.tmp").write_bytes(b"")
+        result = ckpt("--root", str(root), "resolve")
+        assert_one_line_error(result, 5)
+        assert "garbage.tmp" in result.stderr
+
+    def test_missing_root_exits_1(self, tmp_path: Path) -> None:
+        """A root that does not exist is an operational failure (exit 1)."""
+        assert_one_line_error(ckpt("--root", str(tmp_path / "absent"), "resolve"), 1)
+
+    def test_no_root_is_a_usage_error(self) -> None:
+        """Without --root, CKPT_ROOT or a config file, the command exits 2."""
+        assert_one_line_error(ckpt("resolve"), 2)
+
+
+class TestPublish:
+    def test_publish_json_and_republish_exits_4(self, root: Path) -> None:
+        """publish --json prints the entry; publishing it again exits 4."""
+        rel = save(root, "exec/a/ck-1")
+        first = ckpt("--root", str(root), "--json", "publish", "--epoch", "5", "--step", "1", rel)
+        assert first.returncode == 0, first.stderr
+        assert set(json.loads(first.stdout)) == ENTRY_KEYS
+        again = ckpt("--root", str(root), "publish", "--epoch", "5", "--step", "1", str(root / rel))
+        assert_one_line_error(again, 4)
+
+    def test_epoch_from_dispatch_epoch(self, root: Path) -> None:
+        """DISPATCH_EPOCH is the default epoch."""
+        rel = save(root, "exec/a/ck-1")
+        result = ckpt(
+            "--root", str(root), "--json", "publish", "--step", "1", rel, env={"DISPATCH_EPOCH": "42"}
+        )
+        assert json.loads(result.stdout)["epoch"] == 42
+
+    @pytest.mark.parametrize(
+        "epoch", ["+1", " 1", "1 ", "1_0", "\u0661", "\uff11", "18446744073709551616", "-1", "", "0x10"]
+    )
+    def test_bad_epochs_exit_2(self, root: Path, epoch: str) -> None:
+        """An epoch that is not plain ASCII digits fitting 64 bits is a usage error naming it."""
+        rel = save(root, "exec/a/ck-1")
+        result = ckpt("--root", str(root), "publish", f"--epoch={epoch}", "--step", "1", rel)
+        assert_one_line_error(result, 2)
+        assert "epoch" in result.stderr
+        assert not (root / "pub").exists()
+
+    def test_bad_step_exits_2(self, root: Path) -> None:
+        """A bad step is a usage error."""
+        rel = save(root, "exec/a/ck-1")
+        assert_one_line_error(ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1.5", rel), 2)
+
+    def test_missing_save_exits_1(self, root: Path) -> None:
+        """A save that does not exist is refused (exit 1) and nothing is published."""
+        assert_one_line_error(
+            ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1", "exec/x"), 1
+        )
+
+    def test_save_outside_root_exits_2(self, root: Path, tmp_path: Path) -> None:
+        """A save outside the root is an invalid argument (exit 2)."""
+        result = ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1", str(tmp_path))
+        assert_one_line_error(result, 2)
+
+
+class TestEntriesPruneExecDir:
+    def test_entries_text_and_json(self, root: Path) -> None:
+        """entries prints '<epoch> <step> <location>' lines ascending, or a JSON list."""
+        ckpt("--root", str(root), "publish", "--epoch", "2", "--step", "7", save(root, "exec/b/ck-7"))
+        ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "9", save(root, "exec/a/ck-9"))
+        text = ckpt("--root", str(root), "entries").stdout.splitlines()
+        assert text == [f"1 9 {root}/exec/a/ck-9", f"2 7 {root}/exec/b/ck-7"]
+        documents = json.loads(ckpt("--root", str(root), "--json", "entries").stdout)
+        assert [(d["epoch"], d["step"]) for d in documents] == [(1, 9), (2, 7)]
+        assert all(set(d) == ENTRY_KEYS for d in documents)
+
+    def test_prune_dry_run_then_prune(self, root: Path) -> None:
+        """prune --dry-run reports without changing anything; prune removes entries and folders."""
+        for step in (1, 2, 3):
+            ckpt(
+                "--root",
+                str(root),
+                "publish",
+                "--epoch",
+                "1",
+                "--step",
+                str(step),
+                save(root, f"exec/a/ck-{step}"),
+            )
+        dry = json.loads(ckpt("--root", str(root), "--json", "prune", "--keep", "1", "--dry-run").stdout)
+        assert dry["dry_run"] is True
+        assert [e["step"] for e in dry["removed_entries"]] == [1, 2]
+        assert (root / "exec/a/ck-1").exists()
+        real = json.loads(ckpt("--root", str(root), "--json", "prune", "--keep", "1").stdout)
+        assert set(real) == {"dry_run", "removed_entries", "removed_folders", "skipped"}
+        assert real["dry_run"] is False
+        assert sorted(real["removed_folders"]) == [f"{root}/exec/a/ck-1", f"{root}/exec/a/ck-2"]
+        assert not (root / "exec/a/ck-1").exists()
+        assert (root / "exec/a/ck-3").exists()
+
+    @pytest.mark.parametrize("keep", ["0", "-1", "x", "1.0"])
+    def test_prune_bad_keep_exits_2(self, root: Path, keep: str) -> None:
+        """--keep must be a whole number >= 1."""
+        assert_one_line_error(ckpt("--root", str(root), "prune", f"--keep={keep}"), 2)
+
+    def test_exec_dir(self, root: Path) -> None:
+        """exec-dir prints <root>/exec/<attempt>, from --attempt or DISPATCH_ATTEMPT."""
+        assert (
+            ckpt("--root", str(root), "exec-dir", "--attempt", "2.4102.0").stdout == f"{root}/exec/2.4102.0\n"
+        )
+        result = ckpt("--root", str(root), "--json", "exec-dir", env={"DISPATCH_ATTEMPT": "3.1.0"})
+        assert json.loads(result.stdout) == {"location": f"{root}/exec/3.1.0"}
+
+    @pytest.mark.parametrize("attempt", ["..", ".", "a/b", ""])
+    def test_bad_attempts_exit_2(self, root: Path, attempt: str) -> None:
+        """An attempt that is not one path element is a usage error."""
+        assert_one_line_error(ckpt("--root", str(root), "exec-dir", f"--attempt={attempt}"), 2)
+
+
+class TestUsage:
+    def test_unknown_command_exits_2(self) -> None:
+        """An unknown command is a one-line usage error."""
+        assert_one_line_error(ckpt("frobnicate"), 2)
+
+    def test_bad_config_key_exits_2_naming_it(self, root: Path, tmp_path: Path) -> None:
+        """An unknown key in the configuration file is a usage error naming the key."""
+        config = tmp_path / "ckpt.toml"
+        config.write_text('[s3]\nregion = "x"\nbogus = 1\n')
+        result = ckpt("--root", str(root), "--config", str(config), "resolve")
+        assert_one_line_error(result, 2)
+        assert "s3.bogus" in result.stderr
+
+
+class TestDemo:
+    def test_demo_tells_the_story_and_exits_0(self) -> None:
+        """ckpt demo runs end to end: the zombie loses, a republish is refused, prune keeps what's needed."""
+        result = ckpt("demo")
+        assert result.returncode == 0, result.stderr
+        assert "The zombie's step 900 loses" in result.stdout
+        assert "refused: already published" in result.stdout
+        assert result.stdout.rstrip().endswith("always wins.")
+        assert "exec/2.4102.0/checkpoint-700" in result.stdout.splitlines()[-3]

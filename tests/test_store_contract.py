@@ -1,0 +1,288 @@
+"""The store contract (SPEC §4), written once and run against every store implementation.
+
+The ``harness`` fixture (tests/conftest.py) builds a fresh root on each storage: the in-memory fake, a real
+POSIX directory, and S3 through moto (in-process and over HTTP). The harness arranges trees beside the store,
+so what is checked is what the store itself reads and writes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ckpt.domain.entries import Entry
+from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError
+from ckpt.domain.names import format_entry_name
+from harness import Harness
+
+EXEC_A = "exec/1.4101.0"
+EXEC_B = "exec/2.4102.0"
+
+
+class TestPublish:
+    def test_publish_returns_the_entry_and_lists_it(self, harness: Harness) -> None:
+        """A published save is returned as its entry and is the one entry listed."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-500")
+        entry = store.publish(1_000_000, 500, location)
+        assert entry == Entry(1_000_000, 500, f"{EXEC_A}/checkpoint-500")
+        assert store.entries() == [entry]
+        assert harness.pub_names() == [format_entry_name(entry)]
+
+    def test_republish_raises_exists_with_the_entry_and_changes_nothing(self, harness: Harness) -> None:
+        """Publishing (epoch, step, save) twice raises ExistsError carrying it; the log is unchanged."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-500")
+        first = store.publish(7, 500, location)
+        before = harness.pub_names()
+        with pytest.raises(ExistsError) as caught:
+            store.publish(7, 500, location)
+        assert caught.value.entry == first
+        assert harness.pub_names() == before
+
+    def test_same_save_at_another_step_is_another_entry(self, harness: Harness) -> None:
+        """The entry is (epoch, step, save): the same save at another step is a separate publication."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-500")
+        store.publish(7, 500, location)
+        store.publish(7, 501, location)
+        assert [e.step for e in store.entries()] == [500, 501]
+
+    def test_missing_save_is_refused(self, harness: Harness) -> None:
+        """A save that does not exist is refused with NotFoundError and nothing is published."""
+        store = harness.store()
+        with pytest.raises(NotFoundError):
+            store.publish(1, 1, store.exec_dir("a") + "/checkpoint-1")
+        assert store.entries() == []
+
+    def test_location_outside_the_root_is_invalid(self, harness: Harness) -> None:
+        """A location that is not under the root is InvalidError."""
+        store = harness.store()
+        with pytest.raises(InvalidError):
+            store.publish(1, 1, "/elsewhere/exec/a/checkpoint-1")
+
+    @pytest.mark.parametrize(
+        "save",
+        ["pub", "pub/x", "exec/a/../b", "exec/./a", "exec//a", "exec/a\x01b"],
+        ids=["pub", "inside-pub", "dotdot", "dot", "empty-element", "control-char"],
+    )
+    def test_invalid_save_paths_are_refused(self, harness: Harness, save: str) -> None:
+        """A save path that is not clean, or is pub/ or inside it, is InvalidError."""
+        store = harness.store()
+        with pytest.raises(InvalidError):
+            store.publish(1, 1, store.root.rstrip("/") + "/" + save)
+        assert store.entries() == []
+
+    def test_save_too_long_for_an_entry_name_is_invalid(self, harness: Harness) -> None:
+        """A save over 133 bytes cannot be carried by a 255-byte name and is InvalidError."""
+        store = harness.store()
+        location = harness.make_save("exec/a/" + "x" * 130)
+        with pytest.raises(InvalidError, match="133"):
+            store.publish(1, 1, location)
+
+    @pytest.mark.parametrize(("epoch", "step"), [(-1, 0), (0, -1), (2**64, 0), (0, 2**64)])
+    def test_out_of_range_numbers_are_invalid(self, harness: Harness, epoch: int, step: int) -> None:
+        """Epoch and step are unsigned 64-bit integers."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-1")
+        with pytest.raises(InvalidError):
+            store.publish(epoch, step, location)
+
+    def test_extreme_numbers_round_trip(self, harness: Harness) -> None:
+        """0 and 2**64-1 are valid epochs and steps and list back exactly."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-1")
+        store.publish(0, 2**64 - 1, location)
+        store.publish(2**64 - 1, 0, location)
+        assert [(e.epoch, e.step) for e in store.entries()] == [(0, 2**64 - 1), (2**64 - 1, 0)]
+
+
+class TestEntriesAndResolve:
+    def test_nothing_published_resolves_to_none(self, harness: Harness) -> None:
+        """An empty root (no pub/ yet) has no entries and resolves to None."""
+        store = harness.store()
+        assert store.entries() == []
+        assert store.resolve() is None
+
+    def test_a_zombie_with_a_higher_step_never_wins(self, harness: Harness) -> None:
+        """The older epoch loses whatever its step: the newer submission's save is resolved."""
+        store = harness.store()
+        store.publish(1_000_000, 500, harness.make_save(f"{EXEC_A}/checkpoint-500"))
+        store.publish(2_000_000, 100, harness.make_save(f"{EXEC_B}/checkpoint-100"))
+        store.publish(1_000_000, 900, harness.make_save(f"{EXEC_A}/checkpoint-900"))
+        assert store.resolve() == Entry(2_000_000, 100, f"{EXEC_B}/checkpoint-100")
+
+    def test_entries_are_ascending_by_epoch_step_save(self, harness: Harness) -> None:
+        """Entries come back ordered by (epoch, step, save) whatever the publication order."""
+        store = harness.store()
+        specs = [(2, 5, "exec/b/z"), (1, 9, "exec/a/y"), (2, 5, "exec/b/a"), (2, 4, "exec/c/x")]
+        for epoch, step, save in specs:
+            store.publish(epoch, step, harness.make_save(save))
+        assert [e.key for e in store.entries()] == sorted(specs)
+        assert store.resolve() == Entry(2, 5, "exec/b/z")
+
+    def test_tie_on_epoch_and_step_is_broken_by_save_code_points(self, harness: Harness) -> None:
+        """Among equal (epoch, step) the greatest save by code point wins, not the greatest name."""
+        store = harness.store()
+        # base32 puts digits after letters, so the name order of these saves differs from their own order.
+        for save in ("exec/a/~", "exec/a/a", "exec/a/é"):
+            store.publish(3, 3, harness.make_save(save))
+        assert store.resolve() == Entry(3, 3, "exec/a/é")
+        assert [e.save for e in store.entries()] == ["exec/a/a", "exec/a/~", "exec/a/é"]
+
+    def test_a_malformed_name_is_an_error_naming_it(self, harness: Harness) -> None:
+        """A name in pub/ that does not parse is MalformedError naming it, never skipped."""
+        store = harness.store()
+        store.publish(1, 1, harness.make_save(f"{EXEC_A}/checkpoint-1"))
+        bad = format_entry_name(Entry(1, 2, f"{EXEC_A}/checkpoint-2")) + ".tmp"
+        harness.put_raw_name(bad)
+        for read in (store.entries, store.resolve):
+            with pytest.raises(MalformedError) as caught:
+                read()
+            assert caught.value.value == bad
+            assert bad in str(caught.value)
+
+    def test_a_sub_folder_of_pub_is_malformed(self, harness: Harness) -> None:
+        """A folder inside pub/ is MalformedError, even when its name would parse."""
+        store = harness.store()
+        name = format_entry_name(Entry(1, 2, f"{EXEC_A}/checkpoint-2"))
+        harness.put_raw_name(name, folder=True)
+        with pytest.raises(MalformedError):
+            store.entries()
+        with pytest.raises(MalformedError):
+            store.resolve()
+
+
+class TestPrune:
+    @pytest.mark.parametrize("keep", [0, -1])
+    def test_keep_below_one_is_invalid(self, harness: Harness, keep: int) -> None:
+        """keep must be at least 1, so prune can never remove the resolved entry."""
+        with pytest.raises(InvalidError):
+            harness.store().prune(keep)
+
+    def test_keeps_the_latest_and_removes_the_rest_with_their_folders(self, harness: Harness) -> None:
+        """prune keeps the N greatest entries and removes the others and the folders only they named."""
+        store = harness.store()
+        for step in (100, 200, 300, 400):
+            store.publish(1, step, harness.make_save(f"{EXEC_A}/checkpoint-{step}"))
+        result = store.prune(2)
+        assert [e.step for e in result.removed_entries] == [100, 200]
+        assert [e.step for e in store.entries()] == [300, 400]
+        assert sorted(result.removed_folders) == sorted(
+            store.location(Entry(1, s, f"{EXEC_A}/checkpoint-{s}")) for s in (100, 200)
+        )
+        assert not harness.save_exists(f"{EXEC_A}/checkpoint-100")
+        assert not harness.save_exists(f"{EXEC_A}/checkpoint-200")
+        assert harness.save_exists(f"{EXEC_A}/checkpoint-300")
+        assert harness.save_exists(f"{EXEC_A}/checkpoint-400")
+        assert result.skipped == ()
+
+    def test_a_folder_named_by_a_remaining_entry_stays(self, harness: Harness) -> None:
+        """A removed entry whose save a kept entry also names leaves the folder in place."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-100")
+        store.publish(1, 100, location)
+        store.publish(2, 100, location)
+        result = store.prune(1)
+        assert [e.epoch for e in result.removed_entries] == [1]
+        assert result.removed_folders == ()
+        assert harness.save_exists(f"{EXEC_A}/checkpoint-100")
+
+    def test_folders_containing_or_inside_a_kept_save_stay(self, harness: Harness) -> None:
+        """A removed save that contains, or lies inside, a kept save is not removed."""
+        store = harness.store()
+        store.publish(1, 1, harness.make_save("exec/a"))
+        store.publish(1, 2, harness.make_save("exec/b/inner"))
+        store.publish(1, 3, harness.make_save("exec/a/inner"))
+        store.publish(1, 4, harness.make_save("exec/b"))
+        result = store.prune(2)  # keeps exec/a/inner and exec/b
+        assert result.removed_folders == ()
+        for save in ("exec/a", "exec/a/inner", "exec/b", "exec/b/inner"):
+            assert harness.save_exists(save)
+
+    def test_overlap_compares_whole_path_elements(self, harness: Harness) -> None:
+        """ck-1 is removed although a kept entry names ck-10: elements, not string prefixes, compare."""
+        store = harness.store()
+        store.publish(1, 1, harness.make_save("exec/a/ck-1"))
+        store.publish(1, 10, harness.make_save("exec/a/ck-10"))
+        result = store.prune(1)
+        assert [e.save for e in result.removed_entries] == ["exec/a/ck-1"]
+        assert not harness.save_exists("exec/a/ck-1")
+        assert harness.save_exists("exec/a/ck-10")
+
+    def test_dry_run_changes_nothing_and_reports_the_plan(self, harness: Harness) -> None:
+        """A dry run reports what prune would remove and leaves entries and folders alone."""
+        store = harness.store()
+        for step in (1, 2, 3):
+            store.publish(1, step, harness.make_save(f"{EXEC_A}/checkpoint-{step}"))
+        before = harness.pub_names()
+        result = store.prune(1, dry_run=True)
+        assert result.dry_run is True
+        assert [e.step for e in result.removed_entries] == [1, 2]
+        assert len(result.removed_folders) == 2
+        assert harness.pub_names() == before
+        assert harness.save_exists(f"{EXEC_A}/checkpoint-1")
+
+    def test_a_folder_already_gone_is_skipped_not_an_error(self, harness: Harness) -> None:
+        """A removed entry whose folder is already gone is reported as skipped, not an error."""
+        store = harness.store()
+        store.publish(1, 1, harness.make_save(f"{EXEC_A}/checkpoint-1"))
+        store.publish(1, 2, harness.make_save(f"{EXEC_A}/checkpoint-2"))
+        harness.remove_save(f"{EXEC_A}/checkpoint-1")
+        result = store.prune(1)
+        assert [e.step for e in result.removed_entries] == [1]
+        assert result.removed_folders == ()
+        assert [s.reason for s in result.skipped] == ["already gone"]
+
+    def test_keep_at_least_the_count_removes_nothing(self, harness: Harness) -> None:
+        """keep >= number of entries removes nothing."""
+        store = harness.store()
+        store.publish(1, 1, harness.make_save(f"{EXEC_A}/checkpoint-1"))
+        result = store.prune(5)
+        assert (result.removed_entries, result.removed_folders, result.skipped) == ((), (), ())
+        assert len(store.entries()) == 1
+
+
+class TestLocations:
+    def test_exec_dir_and_location_are_under_the_root(self, harness: Harness) -> None:
+        """exec_dir(attempt) is <root>/exec/<attempt> and an entry's location is <root>/<save>."""
+        store = harness.store()
+        root = store.root.rstrip("/")
+        assert store.exec_dir("2.4102.0") == f"{root}/exec/2.4102.0"
+        assert store.location(Entry(1, 1, "exec/x/ck")) == f"{root}/exec/x/ck"
+
+    @pytest.mark.parametrize("attempt", ["", ".", "..", "a/b", "a\x00b", "a\nb", "x" * 256])
+    def test_bad_attempts_are_invalid(self, harness: Harness, attempt: str) -> None:
+        """An attempt must be exactly one path element."""
+        with pytest.raises(InvalidError):
+            harness.store().exec_dir(attempt)
+
+
+class TestWatchPort:
+    def test_folders_lists_direct_sub_folders_only(self, harness: Harness) -> None:
+        """folders() lists the folders directly inside a location, with their locations."""
+        store = harness.store()
+        harness.make_save(f"{EXEC_A}/checkpoint-1", {"a.bin": b"1", "sub/b.bin": b"2"})
+        harness.make_save(f"{EXEC_A}/step-2")
+        exec_dir = store.exec_dir("1.4101.0")
+        found = sorted((f.name, f.location) for f in store.folders(exec_dir))
+        assert found == [("checkpoint-1", f"{exec_dir}/checkpoint-1"), ("step-2", f"{exec_dir}/step-2")]
+
+    def test_folders_of_a_missing_location_is_empty(self, harness: Harness) -> None:
+        """A location that does not exist has no folders (the trainer has not saved yet)."""
+        store = harness.store()
+        assert store.folders(store.exec_dir("never")) == []
+
+    def test_read_file_exists_and_files(self, harness: Harness) -> None:
+        """read_file, exists and files see a save's files and their sizes."""
+        store = harness.store()
+        location = harness.make_save(
+            f"{EXEC_A}/checkpoint-1", {"trainer_state.json": b"{}", "w/x.bin": b"123"}
+        )
+        assert store.read_file(location, "trainer_state.json") == b"{}"
+        assert store.read_file(location, "missing.json") is None
+        assert store.exists(location, "w/x.bin") is True
+        assert store.exists(location, "nope") is False
+        assert [(f.path, f.size) for f in store.files(location)] == [
+            ("trainer_state.json", 2),
+            ("w/x.bin", 3),
+        ]
