@@ -368,3 +368,31 @@ class _ThroughLinkError(Exception):
 
 def _raise(exc: OSError) -> None:
     raise exc
+
+
+def probe_exclusive_create(store: PosixStore) -> tuple[bool, str]:
+    """Create a probe file twice with ``O_EXCL`` beside ``pub/``; the second create must fail with EEXIST.
+
+    Also proves the root is writable and that fsync works on it. The probe is removed afterwards.
+    """
+    path = os.path.join(store.root, f".ckpt-doctor-{os.getpid()}-{os.urandom(4).hex()}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except OSError as exc:
+        return False, f"cannot create a file in {store.root}: {exc.strerror}"
+    try:
+        try:
+            os.close(os.open(path, flags, 0o600))
+        except FileExistsError:
+            pass
+        else:
+            return False, f"a second O_EXCL create of {path} succeeded: exclusive create is not honoured"
+        try:
+            _fsync_dir(store.root)
+        except OSError as exc:
+            return False, f"fsync of {store.root} failed: {exc.strerror}"
+        return True, f"O_EXCL honoured and fsync works in {store.root}"
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
@@ -90,9 +90,6 @@ class Context:
 
     def warn(self, line: str) -> None:
         self.stderr.write(f"ckpt: {line}\n")
-
-
-Handler = Callable[[Context], int]
 
 
 def _epoch_arg(ctx: Context) -> int:
@@ -211,18 +208,6 @@ def _cmd_demo(ctx: Context) -> int:
     return run_demo(ctx)
 
 
-def _cmd_module(module: str) -> Handler:
-    """A handler that imports ``ckpt.cli.<module>`` only when its command runs."""
-
-    def handler(ctx: Context) -> int:
-        import importlib
-
-        result: int = importlib.import_module(f"ckpt.cli.{module}").run(ctx)
-        return result
-
-    return handler
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
     parser = _Parser(
@@ -271,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Command modules with their own ``register(subparsers)`` and ``run(ctx)``; they import their heavy
 # dependencies inside ``run``.
-_EXTRA_COMMANDS: tuple[str, ...] = ()
+_EXTRA_COMMANDS: tuple[str, ...] = ("doctor",)
 
 
 def main(
