@@ -1,0 +1,34 @@
+"""S3 credentials for ``ckpt`` (SPEC §6): the ``Credentials`` value, the ``Source`` port, the ordered chain,
+the four sources (``env``, ``file``, ``vault``, ``aws-default``) and the ``[[credentials]]`` configuration.
+
+Importing this package imports neither ``botocore`` nor ``hvac``; the sources import them when they first
+need them. The botocore session that signs with a chain lives in :mod:`ckpt.creds.botocore_session`, which
+does import botocore (import it where an S3 client is made).
+
+Secrets never appear in a ``repr``, a log record or an exception message produced here.
+"""
+
+from __future__ import annotations
+
+from ckpt.creds.aws_default import AwsDefaultSource
+from ckpt.creds.chain import Chain
+from ckpt.creds.config import chain_from_config, validate_credentials_config
+from ckpt.creds.env import EnvSource
+from ckpt.creds.files import FileSource
+from ckpt.creds.model import Credentials, Source
+from ckpt.creds.vault import AppRoleAuth, KubernetesAuth, VaultFields, VaultSource
+
+__all__ = [
+    "AppRoleAuth",
+    "AwsDefaultSource",
+    "Chain",
+    "Credentials",
+    "EnvSource",
+    "FileSource",
+    "KubernetesAuth",
+    "Source",
+    "VaultFields",
+    "VaultSource",
+    "chain_from_config",
+    "validate_credentials_config",
+]

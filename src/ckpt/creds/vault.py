@@ -1,0 +1,569 @@
+"""The ``vault`` credential source: a KV v2 secret read through ``hvac`` after a Kubernetes or AppRole login.
+
+Rules for this module (each one closes a way a Vault token or secret could leak or be misused):
+
+- ``hvac`` and ``requests`` are imported inside functions: importing ``ckpt.creds`` needs neither.
+- The HTTP session is ours: ``trust_env=False`` (no ``*_PROXY``, ``REQUESTS_CA_BUNDLE`` or ``.netrc`` from the
+  environment), proxies from the injected ``proxy_for`` rule alone, TLS verified against the configured CA
+  bundle (or the system default). ``hvac.Client`` is always given an explicit token, URL, CA and client
+  certificate, so it never reads ``VAULT_TOKEN``, ``~/.vault-token``, ``VAULT_ADDR``, ``VAULT_CACERT`` or
+  ``VAULT_CLIENT_CERT``.
+- Redirects are never followed: a 3xx answer is an error before anything is sent elsewhere. A Vault standby
+  answers 307 to the active node, and ``requests`` would carry ``X-Vault-Token`` (not an ``Authorization``
+  header, so not stripped) to wherever ``Location`` points.
+- Plain ``http://`` is refused unless the host is loopback or ``allow_insecure_http`` says so; an address
+  carrying user-info, a path, a query or a fragment is refused.
+- A login sends no ``X-Vault-Token``. The Kubernetes JWT and the AppRole ids in files are re-read at every
+  login (both rotate). The token is reused while valid, renewed (``renew-self``) or replaced by a new login
+  when a third of its lease is left, and replaced at once when Vault answers 403 (then the read is retried
+  once).
+- Every ``hvac``/``requests`` error becomes a ``CredentialsError`` built from a fixed table (status class,
+  transport failure): the response body, which Vault may fill with the very secret it rejected, and the
+  library's message, which carries the full URL, are dropped, and the new error is raised outside the
+  ``except`` block so the library exception is not attached as its context either.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+import attrs
+
+from ckpt.creds.files import read_secret_file
+from ckpt.creds.model import Credentials
+from ckpt.domain.errors import CkptError, ConfigError, CredentialsError
+
+__all__ = [
+    "DEFAULT_JWT_FILE",
+    "AppRoleAuth",
+    "KubernetesAuth",
+    "TokenAction",
+    "VaultFields",
+    "VaultSource",
+    "VaultToken",
+    "plan_token",
+    "vault_address_problem",
+]
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+DEFAULT_JWT_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+#: Renew (or log in again) once no more than this fraction of the token's lease is left.
+_RENEW_FRACTION = 1 / 3
+#: A token with fewer seconds than this left is not used at all: a new login is cheaper than a 403.
+_MIN_REMAINING_SECONDS = 5.0
+
+# What we say about each Vault answer: a fixed phrase per status, never the body.
+_STATUS_PHRASES: Mapping[int, str] = {
+    400: "bad request (for a login: unknown role or invalid credentials)",
+    401: "unauthorized",
+    403: "permission denied",
+    404: "not found",
+    405: "method not allowed",
+    412: "precondition failed",
+    429: "rate limited (or a performance standby)",
+    500: "internal server error",
+    501: "Vault is not initialized",
+    502: "bad gateway",
+    503: "Vault is sealed or unavailable",
+}
+# hvac raises one class per status and keeps no status code; this maps them back (by class name, since
+# hvac is imported lazily).
+_HVAC_STATUS: Mapping[str, int] = {
+    "InvalidRequest": 400,
+    "Unauthorized": 401,
+    "Forbidden": 403,
+    "InvalidPath": 404,
+    "UnsupportedOperation": 405,
+    "PreconditionFailed": 412,
+    "RateLimitExceeded": 429,
+    "InternalServerError": 500,
+    "VaultNotInitialized": 501,
+    "BadGateway": 502,
+    "VaultDown": 503,
+}
+
+
+def vault_address_problem(address: str, *, allow_insecure_http: bool) -> str | None:
+    """Return why ``address`` is refused as a Vault address, or ``None`` when it is acceptable.
+
+    >>> vault_address_problem("https://vault.example.internal:8200", allow_insecure_http=False) is None
+    True
+    >>> vault_address_problem("http://127.0.0.1:8200", allow_insecure_http=False) is None
+    True
+    """
+    try:
+        parts = urlsplit(address)
+        host = parts.hostname
+        parts.port  # noqa: B018 - parsing the port validates it
+    except ValueError:
+        return "it is not a valid URL"
+    if parts.scheme not in ("https", "http") or not host:
+        return "it must be an https:// URL with a host"
+    if parts.username is not None or parts.password is not None:
+        return "it must not contain user-info (credentials belong in the auth settings)"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "it must be scheme://host[:port] without a path, query or fragment"
+    if parts.scheme == "http" and not allow_insecure_http and not _is_loopback(host):
+        return (
+            "plain http:// is refused for a host that is not loopback (the token would cross the network"
+            " in clear); use https:// or set allow_insecure_http = true"
+        )
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def _redacted_proxy(proxy: str) -> str:
+    try:
+        parts = urlsplit(proxy)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<malformed proxy URL>"
+    return f"{parts.scheme}://{parts.hostname}{port}"
+
+
+@attrs.frozen
+class KubernetesAuth:
+    """Kubernetes auth: the service-account JWT in ``jwt_file`` (re-read at every login) and a Vault role."""
+
+    role: str
+    jwt_file: Path = attrs.field(default=DEFAULT_JWT_FILE, converter=Path)
+    mount: str = "kubernetes"
+
+    @property
+    def method(self) -> str:
+        return "kubernetes"
+
+
+def _optional_path(value: str | Path | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+@attrs.frozen
+class AppRoleAuth:
+    """AppRole auth: exactly one of ``role_id``/``role_id_file`` and of ``secret_id``/``secret_id_file``.
+
+    Files are re-read at every login, so a rotated secret id is picked up.
+    """
+
+    role_id: str | None = attrs.field(default=None, repr=False)
+    role_id_file: Path | None = attrs.field(default=None, converter=_optional_path)
+    secret_id: str | None = attrs.field(default=None, repr=False)
+    secret_id_file: Path | None = attrs.field(default=None, converter=_optional_path)
+    mount: str = "approle"
+
+    def __attrs_post_init__(self) -> None:
+        if (self.role_id is None) == (self.role_id_file is None):
+            raise ConfigError("AppRole auth needs exactly one of role_id and role_id_file")
+        if (self.secret_id is None) == (self.secret_id_file is None):
+            raise ConfigError("AppRole auth needs exactly one of secret_id and secret_id_file")
+
+    @property
+    def method(self) -> str:
+        return "approle"
+
+
+@attrs.frozen
+class VaultFields:
+    """The names of the fields inside the KV secret."""
+
+    access_key_id: str = "access_key_id"
+    secret_access_key: str = "secret_access_key"  # noqa: S105 - a field's name, not a secret
+    session_token: str = "session_token"  # noqa: S105 - a field's name, not a secret
+
+
+@attrs.frozen
+class VaultToken:
+    """A Vault client token and its lease, as of ``obtained_at`` (on the source's monotonic clock).
+
+    ``lease_seconds == 0`` means the token does not expire.
+    """
+
+    value: str = attrs.field(repr=False)
+    obtained_at: float
+    lease_seconds: float
+    renewable: bool
+
+    @property
+    def expires_at(self) -> float:
+        return self.obtained_at + self.lease_seconds
+
+
+TokenAction = Literal["login", "renew", "reuse"]
+
+
+def plan_token(token: VaultToken | None, now: float) -> TokenAction:
+    """Decide what to do with the current token before a read.
+
+    >>> t = VaultToken("s.x", obtained_at=0.0, lease_seconds=300.0, renewable=True)
+    >>> plan_token(None, 0.0), plan_token(t, 100.0), plan_token(t, 250.0), plan_token(t, 299.0)
+    ('login', 'reuse', 'renew', 'login')
+    """
+    if token is None:
+        return "login"
+    if token.lease_seconds <= 0:
+        return "reuse"
+    remaining = token.expires_at - now
+    if remaining <= _MIN_REMAINING_SECONDS:
+        return "login"
+    if remaining <= token.lease_seconds * _RENEW_FRACTION:
+        return "renew" if token.renewable else "login"
+    return "reuse"
+
+
+class _PermissionDeniedError(CredentialsError):
+    """Vault answered 403: the token is unknown, expired or revoked (or the policy denies the path)."""
+
+
+def _no_proxy(_url: str) -> str | None:
+    return None
+
+
+def _proxy_rule(rule: Callable[[str], str | None] | None) -> Callable[[str], str | None]:
+    return _no_proxy if rule is None else rule
+
+
+def _strip_slash(address: str) -> str:
+    return address.rstrip("/")
+
+
+@attrs.define
+class VaultSource:
+    """S3 credentials in a Vault KV v2 secret; see the module rules.
+
+    ``proxy_for(url)`` returns the proxy URL for a target URL, or ``None`` for a direct connection (the
+    project's proxy rule, SPEC §7; ``None``: always direct). ``clock`` is monotonic seconds; tests inject one.
+    """
+
+    address: str = attrs.field(converter=_strip_slash)
+    path: str
+    auth: KubernetesAuth | AppRoleAuth
+    mount: str = "secret"
+    namespace: str | None = None
+    ca_bundle: Path | None = attrs.field(default=None, converter=_optional_path)
+    allow_insecure_http: bool = False
+    fields: VaultFields = VaultFields()
+    proxy_for: Callable[[str], str | None] = attrs.field(default=None, converter=_proxy_rule, repr=False)
+    timeout: float = 10.0
+    clock: Callable[[], float] = attrs.field(default=time.monotonic, repr=False)
+    name: str = "vault"
+    _token: VaultToken | None = attrs.field(default=None, init=False, repr=False, eq=False)
+    _client: Any = attrs.field(default=None, init=False, repr=False, eq=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False, eq=False)
+    _warned: set[str] = attrs.field(factory=set, init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        problem = vault_address_problem(self.address, allow_insecure_http=self.allow_insecure_http)
+        if problem is not None:
+            raise ConfigError(f"Vault address {self.address!r} is refused: {problem}")
+        self.path = self.path.strip("/")
+        self.mount = self.mount.strip("/")
+        if not self.path or not self.mount:
+            raise ConfigError("the Vault secret path and mount must not be empty")
+
+    # -- the Source port ---------------------------------------------------------------------------------
+
+    def fetch(self) -> Credentials:
+        """Log in (or reuse, renew) as needed, read the secret, return its keys. Never absent."""
+        with self._lock:
+            client = self._client_or_new()
+            token = self._usable_token(client)
+            denied = False
+            try:
+                data = self._read(client, token)
+            except _PermissionDeniedError:
+                denied = True
+            if denied:
+                _log.info("%s: Vault refused the token; logging in again", self.name)
+                self._token = None
+                token = self._login(client)
+                retry_denied = False
+                try:
+                    data = self._read(client, token)
+                except _PermissionDeniedError:
+                    retry_denied = True
+                if retry_denied:
+                    raise CredentialsError(
+                        f"{self.name}: reading {self._where()} at {self.address} failed: HTTP 403 permission"
+                        " denied, also with a fresh token (does the role's policy allow reading it?)",
+                        source=self.name,
+                    )
+        return self._credentials(data)
+
+    def close(self) -> None:
+        """Close the HTTP session (the source may still be used: a new one is opened)."""
+        with self._lock:
+            if self._client is not None:
+                self._client.adapter.close()
+                self._client = None
+
+    # -- token lifecycle ---------------------------------------------------------------------------------
+
+    def _usable_token(self, client: Any) -> VaultToken:
+        action = plan_token(self._token, self.clock())
+        if action == "reuse" and self._token is not None:
+            return self._token
+        if action == "renew" and self._token is not None:
+            renewed = self._renew(client, self._token)
+            if renewed is not None:
+                return renewed
+        return self._login(client)
+
+    def _login(self, client: Any) -> VaultToken:
+        # No X-Vault-Token on a login: the old token (if any) is not sent along.
+        client.token = ""
+        self._token = None
+        auth = self.auth
+        if isinstance(auth, KubernetesAuth):
+            jwt = self._secret_from_file(auth.jwt_file, "the Kubernetes service-account JWT", "allow")
+            what = f"logging in (kubernetes auth, role {auth.role!r})"
+            response = self._call(
+                what,
+                lambda: client.auth.kubernetes.login(
+                    role=auth.role, jwt=jwt, use_token=False, mount_point=auth.mount
+                ),
+            )
+        else:
+            role_id = auth.role_id
+            if role_id is None and auth.role_id_file is not None:
+                role_id = self._secret_from_file(auth.role_id_file, "the AppRole role id", "warn")
+            secret_id = auth.secret_id
+            if secret_id is None and auth.secret_id_file is not None:
+                secret_id = self._secret_from_file(auth.secret_id_file, "the AppRole secret id", "warn")
+            what = "logging in (approle auth)"
+            response = self._call(
+                what,
+                lambda: client.auth.approle.login(
+                    role_id=role_id, secret_id=secret_id, use_token=False, mount_point=auth.mount
+                ),
+            )
+        token = self._token_from(response, what, previous=None)
+        _log.debug(
+            "%s: logged in with %s auth; token lease %ss, renewable %s",
+            self.name,
+            auth.method,
+            int(token.lease_seconds),
+            token.renewable,
+        )
+        self._token = token
+        return token
+
+    def _renew(self, client: Any, token: VaultToken) -> VaultToken | None:
+        client.token = token.value
+        failure: CredentialsError | None = None
+        try:
+            response = self._call("renewing the token", client.auth.token.renew_self)
+            renewed = self._token_from(response, "renewing the token", previous=token)
+        except CredentialsError as exc:
+            failure = exc
+        if failure is not None:
+            _log.info("%s: token renewal failed (%s); logging in again", self.name, failure)
+            return None
+        if renewed.expires_at <= token.expires_at:
+            # The lease hit its maximum TTL: renewing gains nothing; log in when it runs low again.
+            renewed = attrs.evolve(renewed, renewable=False)
+        _log.debug("%s: renewed the token; lease %ss", self.name, int(renewed.lease_seconds))
+        self._token = renewed
+        return renewed
+
+    def _token_from(self, response: object, what: str, *, previous: VaultToken | None) -> VaultToken:
+        auth = response.get("auth") if isinstance(response, dict) else None
+        value = auth.get("client_token") if isinstance(auth, dict) else None
+        if value is None and previous is not None:
+            value = previous.value
+        lease = auth.get("lease_duration") if isinstance(auth, dict) else None
+        renewable = auth.get("renewable", False) if isinstance(auth, dict) else None
+        if (
+            not isinstance(value, str)
+            or not value
+            or isinstance(lease, bool)
+            or not isinstance(lease, int | float)
+            or lease < 0
+            or not isinstance(renewable, bool)
+        ):
+            raise CredentialsError(
+                f"{self.name}: {what} at {self.address} returned an unexpected answer (no usable auth block)",
+                source=self.name,
+            )
+        return VaultToken(value, obtained_at=self.clock(), lease_seconds=float(lease), renewable=renewable)
+
+    # -- reading the secret ------------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"secret {self.mount}/{self.path}"
+
+    def _read(self, client: Any, token: VaultToken) -> Mapping[str, object]:
+        client.token = token.value
+        response = self._call(
+            f"reading {self._where()}",
+            lambda: client.secrets.kv.v2.read_secret_version(
+                path=self.path, mount_point=self.mount, raise_on_deleted_version=True
+            ),
+            reading=True,
+        )
+        data = response.get("data") if isinstance(response, dict) else None
+        secret = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(secret, dict):
+            raise CredentialsError(
+                f"{self.name}: reading {self._where()} at {self.address} returned an unexpected answer"
+                " (not a KV v2 secret?)",
+                source=self.name,
+            )
+        metadata = data.get("metadata") if isinstance(data, dict) else None
+        version = metadata.get("version") if isinstance(metadata, dict) else None
+        _log.debug("%s: read %s version %s", self.name, self._where(), version)
+        return secret
+
+    def _credentials(self, secret: Mapping[str, object]) -> Credentials:
+        key_id = self._field(secret, self.fields.access_key_id)
+        secret_key = self._field(secret, self.fields.secret_access_key)
+        if key_id is None or secret_key is None:
+            missing = self.fields.access_key_id if key_id is None else self.fields.secret_access_key
+            raise CredentialsError(f"{self.name}: {self._where()} has no field {missing!r}", source=self.name)
+        token = self._field(secret, self.fields.session_token)
+        return Credentials(key_id, secret_key, token, source=self.name)
+
+    def _field(self, secret: Mapping[str, object], key: str) -> str | None:
+        value = secret.get(key)
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str):
+            raise CredentialsError(
+                f"{self.name}: field {key!r} of {self._where()} is not a string", source=self.name
+            )
+        return value
+
+    # -- plumbing ----------------------------------------------------------------------------------------
+
+    def _secret_from_file(self, path: Path, what: str, policy: Literal["warn", "allow"]) -> str:
+        value = read_secret_file(path, source=self.name, readable_by_others=policy, warned=self._warned)
+        if value is None:
+            raise CredentialsError(f"{self.name}: {what} file {path} does not exist", source=self.name)
+        return value
+
+    def _client_or_new(self) -> Any:
+        if self._client is None:
+            self._client = self._new_client()
+        return self._client
+
+    def _new_client(self) -> Any:
+        import hvac
+        import requests
+
+        proxy = self.proxy_for(self.address)
+        proxies = {urlsplit(self.address).scheme: proxy} if proxy else {}
+        verify: bool | str = str(self.ca_bundle) if self.ca_bundle is not None else True
+        session = requests.Session()
+        session.trust_env = False
+        session.proxies = dict(proxies)
+        session.verify = verify
+        session.max_redirects = 0
+        session.hooks["response"].append(self._refuse_redirect)
+        if proxy:
+            _log.debug("%s: reaching %s through proxy %s", self.name, self.address, _redacted_proxy(proxy))
+        return hvac.Client(
+            url=self.address,
+            token="",  # never None: hvac would read VAULT_TOKEN or ~/.vault-token
+            cert=(),  # never None: hvac would read VAULT_CLIENT_CERT
+            verify=verify,  # never None: hvac would read VAULT_CACERT
+            timeout=self.timeout,
+            proxies=dict(proxies),
+            allow_redirects=False,
+            session=session,
+            namespace=self.namespace,
+        )
+
+    def _refuse_redirect(self, response: Any, *_args: object, **_kwargs: object) -> None:
+        status = int(response.status_code)
+        if 300 <= status < 400:
+            response.close()
+            raise CredentialsError(
+                f"{self.name}: Vault at {self.address} answered with a redirect (HTTP {status}); redirects"
+                " are never followed with a token: set address to the active node or a load balancer",
+                source=self.name,
+            )
+
+    def _call(self, what: str, operation: Callable[[], _T], *, reading: bool = False) -> _T:
+        """Run one hvac call, translating every library error as the module rules say."""
+        import hvac.exceptions
+        import requests
+
+        failure: CredentialsError
+        try:
+            return operation()
+        except CkptError:
+            raise
+        except hvac.exceptions.VaultError as exc:
+            failure = self._from_vault_error(what, exc, reading=reading)
+        except requests.RequestException as exc:
+            failure = CredentialsError(
+                f"{self.name}: {what} at {self.address} failed: {_transport_reason(exc)}", source=self.name
+            )
+        except ValueError as exc:  # a body that is not JSON, a URL requests refuses
+            failure = CredentialsError(
+                f"{self.name}: {what} at {self.address} failed: unexpected answer ({type(exc).__name__})",
+                source=self.name,
+            )
+        raise failure
+
+    def _from_vault_error(self, what: str, exc: Exception, *, reading: bool) -> CredentialsError:
+        status = _HVAC_STATUS.get(type(exc).__name__)
+        phrase = _STATUS_PHRASES.get(status, "unexpected answer") if status else "unexpected answer"
+        prefix = f"{self.name}: {what} at {self.address} failed: HTTP {status or '?'} {phrase}"
+        if status == 404 and reading:
+            return CredentialsError(f"{prefix}{_deleted_detail(exc)}", source=self.name)
+        if status == 403 and reading:
+            return _PermissionDeniedError(prefix, source=self.name)
+        return CredentialsError(prefix, source=self.name)
+
+
+def _deleted_detail(exc: Exception) -> str:
+    """Say whether a 404 on a KV v2 read is a deleted or destroyed version; only metadata is looked at."""
+    body = getattr(exc, "json", None)
+    data = body.get("data") if isinstance(body, dict) else None
+    metadata = data.get("metadata") if isinstance(data, dict) else None
+    if not isinstance(metadata, dict):
+        return " (no such secret)"
+    version = metadata.get("version")
+    shown = f" {version}" if isinstance(version, int) and not isinstance(version, bool) else ""
+    if metadata.get("destroyed") is True:
+        return f" (the latest version{shown} was destroyed)"
+    if metadata.get("deletion_time"):
+        return f" (the latest version{shown} was deleted)"
+    return " (no such secret)"
+
+
+def _transport_reason(exc: Exception) -> str:
+    import requests
+
+    if isinstance(exc, requests.exceptions.SSLError):
+        return "TLS handshake or certificate verification failed"
+    if isinstance(exc, requests.exceptions.ProxyError):
+        return "the proxy refused or failed the connection"
+    if isinstance(exc, requests.exceptions.Timeout):
+        return "timed out"
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return "cannot connect"
+    if isinstance(exc, requests.exceptions.TooManyRedirects):
+        return "redirected (redirects are never followed)"
+    return f"request failed ({type(exc).__name__})"
