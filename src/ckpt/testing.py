@@ -9,20 +9,27 @@
     store.publish(1, 500, save)
     assert store.resolve().step == 500
 
+``StaticCredentialSource`` is a credential source (the ``ckpt.creds.Source`` port) with fixed answers, for
+testing code that builds a credential chain.
+
 Every instance has its own state (no class-level sharing); a lock makes it safe across threads.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from ckpt.domain.entries import Entry, exec_save_prefix, validate_save
-from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError
+from ckpt.domain.errors import CredentialsError, ExistsError, InvalidError, MalformedError, NotFoundError
 from ckpt.domain.names import format_entry_name, latest_entry_name, parse_entry_names
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
 from ckpt.domain.prune import Overlap, plan_prune
 
-__all__ = ["InMemoryStore"]
+if TYPE_CHECKING:
+    from ckpt.creds.model import Credentials
+
+__all__ = ["InMemoryStore", "StaticCredentialSource"]
 
 
 class InMemoryStore:
@@ -178,3 +185,36 @@ class InMemoryStore:
                 (FileInfo(p[len(inside) :], len(v)) for p, v in self._files.items() if p.startswith(inside)),
                 key=lambda f: f.path,
             )
+
+
+class StaticCredentialSource:
+    """A credential source with a fixed answer: keys, absent (``None``), or broken (``broken=True``).
+
+    ``calls`` counts fetches, so a test can check how often a chain asked. Change ``credentials`` to
+    simulate a rotated secret.
+    """
+
+    def __init__(
+        self, credentials: Credentials | None, *, name: str = "static", broken: bool = False
+    ) -> None:
+        self.credentials = credentials
+        self.broken = broken
+        self.calls = 0
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"StaticCredentialSource(name={self._name!r})"
+
+    @property
+    def name(self) -> str:
+        """The source's name in messages."""
+        return self._name
+
+    def fetch(self) -> Credentials | None:
+        """Return the fixed credentials, ``None`` when absent, or raise ``CredentialsError`` when broken."""
+        self.calls += 1
+        if self.broken:
+            raise CredentialsError(
+                f"credential source {self._name} is broken (StaticCredentialSource)", source=self._name
+            )
+        return self.credentials
