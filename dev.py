@@ -2,6 +2,7 @@
 """Bootstrap and run ckpt from a fresh checkout with nothing but Python 3.11+.
 
     python3 dev.py demo          # create .venv if needed, install ckpt, run `ckpt demo`
+    python3 dev.py demo --s3     # the same story on an embedded S3 server (installs boto3 and moto)
     python3 dev.py test          # install the test extra, then lint, type-check and run the whole suite
     python3 dev.py bench         # the benchmark table (benchmarks/README.md)
     python3 dev.py ckpt ARGS...  # any ckpt command from the venv
@@ -49,7 +50,7 @@ def ensure_venv(extras: str = "") -> None:
 def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("demo", [])
     if command == "demo":
-        ensure_venv()
+        ensure_venv("demo-s3" if "--s3" in rest else "")
         return _run(os.path.join(BIN, "ckpt"), "demo", *rest)
     if command == "ckpt":
         ensure_venv()

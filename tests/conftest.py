@@ -12,6 +12,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from harness import Harness, MemoryHarness, PosixHarness
+from s3_support import (  # noqa: F401 - the fixtures are imported for pytest to find
+    S3_HARNESS_FACTORIES,
+    moto_server,
+    moto_server_store_client,
+)
 
 HarnessFactory = Callable[[pytest.FixtureRequest, Path], Iterator[Harness]]
 
@@ -28,6 +33,7 @@ def _posix(_request: pytest.FixtureRequest, tmp: Path) -> Iterator[Harness]:
 
 # name -> factory. The S3 harnesses (moto in-process, moto's HTTP server) are added by tests/s3_support.py.
 HARNESS_FACTORIES: dict[str, HarnessFactory] = {"memory": _memory, "posix": _posix}
+HARNESS_FACTORIES.update(S3_HARNESS_FACTORIES)
 
 
 @pytest.fixture(params=sorted(HARNESS_FACTORIES))

@@ -57,6 +57,7 @@ DOMAIN_ALLOWED = {
     "itertools",
     "json",
     "math",
+    "operator",
     "re",
     "string",
     "typing",

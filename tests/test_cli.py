@@ -220,3 +220,10 @@ class TestDemo:
         assert "refused: already published" in result.stdout
         assert result.stdout.rstrip().endswith("always wins.")
         assert "exec/2.4102.0/checkpoint-700" in result.stdout.splitlines()[-3]
+
+    def test_demo_on_s3_runs_against_an_embedded_server(self) -> None:
+        """ckpt demo --s3 tells the same story on an s3:// root served by moto on loopback."""
+        result = ckpt("demo", "--s3")
+        assert result.returncode == 0, result.stderr
+        assert "resolve -> s3://ckpt-demo/team-a/run-42/exec/2.4102.0/checkpoint-700" in result.stdout
+        assert "refused: already published" in result.stdout

@@ -7,7 +7,8 @@ Rules:
    name in the publication log.
 2. An error is one line on stderr starting ``ckpt: ``; never a traceback.
 3. ``--json`` prints exactly one JSON document on stdout.
-4. Start-up stays cheap: command modules, boto3 and hvac are imported only by the commands that need them.
+4. Start-up stays cheap: command modules, boto3 and hvac are imported only by the commands that need them;
+   logging and json too (benchmarks/README.md holds ``ckpt resolve`` to 1.5x ``python -c "import attrs"``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Context:
         self.stderr = stderr
         self._config: Config | None = None
         self._store: WatchStore | None = None
+        self._logging = False
 
     @property
     def json(self) -> bool:
@@ -60,9 +62,12 @@ class Context:
         if self._config is None:
             from ckpt.config import Config, load_config
 
-            path = self.args.config or self.environ.get("CKPT_CONFIG") or None
+            path = self._config_path()
             self._config = load_config(path) if path else Config()
         return self._config
+
+    def _config_path(self) -> str | None:
+        return self.args.config or self.environ.get("CKPT_CONFIG") or None
 
     def root(self) -> str:
         """``--root``, else ``CKPT_ROOT``, else the configuration file's ``root``."""
@@ -76,8 +81,22 @@ class Context:
         if self._store is None:
             from ckpt.store import open_store
 
-            self._store = open_store(self.root(), config=self.config(), environ=self.environ)
+            root = self.root()
+            if not root.startswith("/"):
+                self.start_logging()  # remote stores log (credential refreshes); see main()
+            # Without a configuration file there is nothing to read: open_store makes the empty default
+            # itself, and only for an S3 root, so a POSIX command never imports the configuration code.
+            config = self.config() if self._config is not None or self._config_path() else None
+            self._store = open_store(root, config=config, environ=self.environ)
         return self._store
+
+    def start_logging(self) -> None:
+        """Send the ``ckpt`` logger's records to stderr as ``--log-level`` and ``--log-format`` say (once)."""
+        if not self._logging:
+            from ckpt.cli.logs import configure_logging
+
+            configure_logging(self.args.log_level, self.args.log_format, self.stderr)
+            self._logging = True
 
     def save_location(self, save: str) -> str:
         """Turn a ``SAVE`` argument into a location: absolute paths and URLs as given, else under the root."""
@@ -112,11 +131,10 @@ def _attempt_arg(ctx: Context) -> str:
 
 
 def _cmd_resolve(ctx: Context) -> int:
-    from ckpt.cli.output import entry_document, print_json
-
     store = ctx.store()
     skipped: list[dict[str, Any]] = []
     if ctx.args.framework:
+        from ckpt.cli.output import entry_document
         from ckpt.domain.frameworks import parse_framework
         from ckpt.verify import resolve_verified
 
@@ -132,6 +150,8 @@ def _cmd_resolve(ctx: Context) -> int:
         ctx.warn(f"{what} is published under {store.root}")
         return EXIT_NOTHING
     if ctx.json:
+        from ckpt.cli.output import entry_document, print_json  # json: only when asked for
+
         document = entry_document(store, entry)
         if ctx.args.framework:
             document["skipped"] = skipped
@@ -202,14 +222,23 @@ def _cmd_exec_dir(ctx: Context) -> int:
     return EXIT_OK
 
 
+# Commands whose only possible source of log records is the store they open (see main()).
+_STORE_COMMANDS = frozenset({_cmd_resolve, _cmd_entries, _cmd_publish, _cmd_prune, _cmd_exec_dir})
+
+
 def _cmd_demo(ctx: Context) -> int:
     from ckpt.cli.demo import run_demo
 
     return run_demo(ctx)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line.
+
+    Given the arguments it is about to parse, it imports a module of ``_EXTRA_COMMANDS`` only when they may
+    name its command or ask for help; any other extra command is a bare name, which is all argparse needs to
+    refuse or list it. What parses is the same either way: only start-up time differs (rule 4).
+    """
     parser = _Parser(
         prog="ckpt",
         description="Publish and resolve training checkpoints on POSIX and S3, fenced by scheduler epoch.",
@@ -244,8 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", help="execution attempt (DISPATCH_ATTEMPT)")
     p.set_defaults(handler=_cmd_exec_dir)
 
+    # Help (-h, or --help and its abbreviations) lists every command with its own help text.
+    wanted = None if argv is None or any(a == "-h" or a.startswith("--h") for a in argv) else set(argv)
     for module in _EXTRA_COMMANDS:
-        __import__(f"ckpt.cli.{module}", fromlist=["register"]).register(commands)
+        if wanted is None or module in wanted:
+            __import__(f"ckpt.cli.{module}", fromlist=["register"]).register(commands)
+        else:
+            commands.add_parser(module)
 
     p = commands.add_parser("demo", help="an end-to-end run on a temporary local root")
     p.add_argument("--s3", action="store_true", help="run the demo against an embedded S3 server (moto)")
@@ -256,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Command modules with their own ``register(subparsers)`` and ``run(ctx)``; they import their heavy
 # dependencies inside ``run``.
-_EXTRA_COMMANDS: tuple[str, ...] = ("doctor",)
+_EXTRA_COMMANDS: tuple[str, ...] = ("doctor", "watch")
 
 
 def main(
@@ -269,15 +303,18 @@ def main(
     """Run the command line; return the exit code."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     env = os.environ if environ is None else environ
+    arguments = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(arguments).parse_args(arguments)
     except UsageError as exc:
         err.write(f"ckpt: {exc} (see ckpt --help)\n")
         return EXIT_USAGE
     ctx = Context(args, env, out, err)
-    from ckpt.cli.logs import configure_logging
-
-    configure_logging(args.log_level, args.log_format, err)
+    # Importing logging costs a few milliseconds, and on a POSIX root nothing the store commands run logs:
+    # they start logging when they open another kind of store (Context.store). Every other command, the
+    # watcher's above all, starts it here.
+    if args.handler not in _STORE_COMMANDS:
+        ctx.start_logging()
     try:
         code: int = args.handler(ctx)
         return code

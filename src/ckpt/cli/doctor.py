@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ckpt.domain.errors import CkptError
 
 if TYPE_CHECKING:
+    from ckpt.adapters.s3 import S3Store
     from ckpt.cli import Context
 
 __all__ = ["register", "run"]
@@ -44,6 +45,25 @@ def _check_root(ctx: Context) -> tuple[bool, str]:
     )
 
 
+def _describe_credentials(store: S3Store) -> tuple[bool, str]:
+    source = store.connection.credentials_source if store.connection else None
+    if source is None:
+        return False, "no credential source has answered yet"
+    return True, f"signed with credentials from source {source!r}"
+
+
+def _describe_proxy(store: S3Store) -> tuple[bool, str]:
+    if store.connection is None:
+        return True, "unknown (client injected)"
+    via = store.connection.proxy or "direct (no proxy)"
+    return True, f"{store.connection.endpoint} is reached {'through ' if store.connection.proxy else ''}{via}"
+
+
+def _probe_s3(store: S3Store) -> tuple[bool, str]:
+    probe = store.probe_exclusive_create()
+    return probe.honoured, probe.detail
+
+
 def _checks(ctx: Context) -> list[tuple[str, bool, str]]:
     results: list[tuple[str, bool, str]] = []
 
@@ -59,11 +79,13 @@ def _checks(ctx: Context) -> list[tuple[str, bool, str]]:
         return results
     store = ctx.store()
     if store.root.startswith("s3://"):
-        from ckpt.adapters import s3
+        from ckpt.adapters.s3 import S3Store
 
-        check("credentials", lambda: s3.describe_credentials(store))
-        check("proxy", lambda: s3.describe_proxy(store))
-        check("exclusive-create", lambda: s3.probe_exclusive_create(store))
+        assert isinstance(store, S3Store)
+        s3_store = store
+        check("credentials", lambda: _describe_credentials(s3_store))
+        check("proxy", lambda: _describe_proxy(s3_store))
+        check("exclusive-create", lambda: _probe_s3(s3_store))
     else:
         from ckpt.adapters.posix import PosixStore, probe_exclusive_create
 

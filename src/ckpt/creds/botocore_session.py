@@ -219,6 +219,12 @@ class ChainCredentials(botocore.credentials.DeferredRefreshableCredentials):  # 
             return True
         return bool(super().refresh_needed(refresh_in))
 
+    @property
+    def source(self) -> str | None:
+        """The name of the source the current keys came from, or ``None`` before the first fetch."""
+        last = self._refresher.last_good
+        return last.source if last is not None else None
+
     def force_refresh(self) -> None:
         """Fetch from the chain now (no staleness fallback); raise ``CredentialsError`` when that fails."""
         self._forced.set()

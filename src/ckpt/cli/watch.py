@@ -1,0 +1,222 @@
+"""``ckpt watch``: the publication sidecar (SPEC §5, §8).
+
+Rules:
+
+1. Arguments: ``--framework hf|dcp``; the saves folder from ``--saves LOCATION`` (absolute path, ``s3://``
+   URL, or a path relative to the root) or else ``exec_dir(--attempt | DISPATCH_ATTEMPT)``; the epoch from
+   ``--epoch | DISPATCH_EPOCH``. ``--interval`` (10), ``--settle`` (the interval for ``hf``, 0 for ``dcp``)
+   and ``--scan-timeout`` (120) are seconds, fractions allowed: plain decimals only (no sign, exponent,
+   ``inf`` or ``nan``); interval and scan timeout must be > 0. Anything invalid is ``InvalidError`` (exit 2).
+2. One log line per publication through the ``ckpt`` logger (text or JSON lines, as ``--log-format`` set it).
+3. SIGTERM and SIGINT stop the watcher: it drains (at most the settle time) and the command exits 0.
+   ``--once`` is a watch stopped right after its first scan.
+4. A scan error is raised; the CLI's ``main`` turns it into one ``ckpt: ...`` line and the exit code
+   (storage and timeout 1, malformed log 5).
+5. ``--json`` prints ``{"published": [entry, ...]}`` once the watch ends normally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import FrameType
+from typing import IO, Any, Protocol
+
+from ckpt.domain.entries import Entry, parse_epoch, validate_save
+from ckpt.domain.errors import InvalidError
+from ckpt.domain.frameworks import Framework, parse_framework
+from ckpt.domain.names import format_entry_name
+from ckpt.domain.ports import WatchStore
+
+__all__ = ["register", "run"]
+
+_log = logging.getLogger("ckpt.watch")
+
+DEFAULT_INTERVAL = 10.0
+DEFAULT_SCAN_TIMEOUT = 120.0
+# Rule 1: a plain decimal number of seconds. float() alone would also take "-1", "1e3", "inf", "nan", "1_0".
+_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+
+
+class _Context(Protocol):
+    """What the CLI core hands a command (``ckpt.cli.Context``), as far as ``watch`` uses it."""
+
+    args: argparse.Namespace
+    environ: Mapping[str, str]
+    stdout: IO[str]
+
+    def store(self) -> WatchStore: ...
+
+
+def register(commands: Any) -> None:
+    """Add the ``watch`` sub-command to the CLI's sub-parsers."""
+    p: argparse.ArgumentParser = commands.add_parser(
+        "watch",
+        help="publish a framework's complete saves as they appear (the sidecar)",
+        description="Publish every complete save a framework writes into one execution's folder.",
+    )
+    p.add_argument("--framework", required=True, choices=[f.value for f in Framework], help="save layout")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--attempt", help="execution attempt; watches exec/<attempt> (DISPATCH_ATTEMPT)")
+    where.add_argument(
+        "--saves", metavar="LOCATION", help="the folder to watch instead (path, URL or relative)"
+    )
+    p.add_argument("--epoch", help="scheduler epoch to publish at (DISPATCH_EPOCH)")
+    p.add_argument("--interval", metavar="SECONDS", help=f"time between scans (default {DEFAULT_INTERVAL:g})")
+    p.add_argument(
+        "--settle",
+        metavar="SECONDS",
+        help="how long a listing must stay unchanged (default: hf the interval, dcp 0)",
+    )
+    p.add_argument(
+        "--scan-timeout",
+        metavar="SECONDS",
+        help=f"give up on a scan after this long (default {DEFAULT_SCAN_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--once", action="store_true", help="scan once (waiting at most the settle time), then exit"
+    )
+    p.set_defaults(handler=_handle)
+
+
+def _handle(ctx: _Context) -> int:
+    return run(ctx.args, ctx.store(), ctx.stdout, environ=ctx.environ)
+
+
+def parse_seconds(text: str, option: str, *, allow_zero: bool) -> float:
+    """Parse a number of seconds given to ``option`` (rule 1); ``InvalidError`` names the option."""
+    if not isinstance(text, str) or _SECONDS.fullmatch(text) is None:
+        raise InvalidError(f"{option} {text!r} is not a number of seconds (such as 10 or 0.5)")
+    value = float(text)
+    if value == 0 and not allow_zero:
+        raise InvalidError(f"{option} {text!r} must be greater than 0")
+    return value
+
+
+def saves_location(store: WatchStore, args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """The folder to watch: ``--saves`` (under the root), else ``exec_dir`` of the attempt."""
+    saves: str | None = getattr(args, "saves", None)
+    if saves:
+        if not (saves.startswith("/") or "://" in saves):
+            return store.location(Entry(0, 0, validate_save(saves.rstrip("/"))))
+        # Refuse a folder outside the root now, not at the first publication (which may be hours away).
+        prefix = store.root.rstrip("/") + "/"
+        if not saves.startswith(prefix):
+            raise InvalidError(f"--saves {saves!r} is not under the root {store.root}")
+        validate_save(saves[len(prefix) :].rstrip("/"))
+        return saves.rstrip("/")
+    attempt = args.attempt if getattr(args, "attempt", None) is not None else environ.get("DISPATCH_ATTEMPT")
+    if attempt is None:
+        raise InvalidError("nothing to watch: pass --attempt or --saves, or set DISPATCH_ATTEMPT")
+    return store.exec_dir(attempt)
+
+
+def _epoch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    text = args.epoch if getattr(args, "epoch", None) is not None else environ.get("DISPATCH_EPOCH")
+    if text is None:
+        raise InvalidError("no epoch: pass --epoch or set DISPATCH_EPOCH")
+    return parse_epoch(text)
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Set ``stop`` on SIGTERM and SIGINT while inside; restore the previous handlers after.
+
+    Signal handlers can only be installed from the main thread; elsewhere (an embedder's thread) the caller
+    stops the watch through its own means and this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if not stop.is_set():
+            _log.info(
+                "stopping on %s: publishing what settles within the settle time", signal.Signals(signum).name
+            )
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run(
+    args: argparse.Namespace, store: WatchStore, out: IO[str], *, environ: Mapping[str, str] | None = None
+) -> int:
+    """Run ``ckpt watch`` with parsed ``args`` on ``store``; print the ``--json`` document on ``out``.
+
+    Returns 0 when the watch ends normally (stopped by a signal, or ``--once``). Invalid arguments raise
+    ``InvalidError``; a failed or timed-out scan raises its error (rules 3, 4).
+    """
+    from ckpt.watcher import Watcher  # imported here: keeps ``ckpt --help`` light
+
+    env = os.environ if environ is None else environ
+    framework = parse_framework(args.framework)
+    interval = (
+        DEFAULT_INTERVAL
+        if args.interval is None
+        else parse_seconds(args.interval, "--interval", allow_zero=False)
+    )
+    settle = None if args.settle is None else parse_seconds(args.settle, "--settle", allow_zero=True)
+    scan_timeout = (
+        DEFAULT_SCAN_TIMEOUT
+        if args.scan_timeout is None
+        else parse_seconds(args.scan_timeout, "--scan-timeout", allow_zero=False)
+    )
+    epoch = _epoch(args, env)
+    location = saves_location(store, args, env)
+
+    def published(entry: Entry) -> None:
+        # The entry's fields go in as structured fields: the text format prints them as key=value, the
+        # JSON format as keys of the record.
+        _log.info(
+            "published",
+            extra={
+                "epoch": entry.epoch,
+                "step": entry.step,
+                "location": store.location(entry),
+                "entry": format_entry_name(entry),  # "name" is taken by LogRecord itself
+            },
+        )
+
+    watcher = Watcher(
+        store,
+        framework,
+        location,
+        epoch,
+        interval,
+        settle=settle,
+        scan_timeout=scan_timeout,
+        on_published=published,
+    )
+    stop = threading.Event()
+    if args.once:
+        stop.set()
+    with _stop_on_signals(stop):
+        _log.info(
+            "watching %s for %s saves at epoch %d every %gs (settle %gs, scan timeout %gs)%s",
+            location,
+            framework,
+            epoch,
+            watcher.interval,
+            watcher.settle,
+            scan_timeout,
+            " once" if args.once else "",
+        )
+        created = watcher.watch(stop)
+    _log.info("stopped; published %d save(s)", len(created))
+    if getattr(args, "json", False):
+        from ckpt.cli.output import entry_document, print_json
+
+        print_json({"published": [entry_document(store, e) for e in created]}, out)
+    return 0

@@ -1,0 +1,266 @@
+"""The watcher: publishes one execution's complete saves as a framework writes them (SPEC §5).
+
+Rules this module keeps (docs/adr/0008-watcher.md says why):
+
+1. A scan lists the saves folder once (``folders``), keeps the names that are saves under the framework's
+   rule, and looks, in step order, at those this watcher has not published yet. A complete save is synced
+   (``sync_save``, when the store has one: POSIX) and then published; an incomplete one is passed over and
+   looked at again next scan.
+2. Published saves are never read again. The watcher keeps their locations in memory; a new watcher learns
+   them by reading ``entries()`` once, in its first scan, keeping the entries of its own epoch. So a scan
+   over any number of already-published saves with nothing new costs one ``folders`` listing. An
+   ``ExistsError`` (another watcher got there first) also counts as published.
+3. Exactly once under kill and restart follows from (2) and the store's exclusive create: an entry either
+   exists, and the restarted watcher reads it, or it does not, and the save is published again once.
+4. Settle state (the first look since which a save's listing has not changed) lives in memory only; a
+   restarted watcher starts settling afresh, which costs time, never correctness.
+5. ``watch`` runs each scan in a daemon worker thread and waits for it at most the scan timeout, so a store
+   that accepts a connection and never answers ends the watch with ``ScanTimeoutError`` instead of hanging
+   it, and the stuck thread does not keep the process alive. A watcher whose scan timed out is spent: it
+   publishes nothing more, and a later ``scan`` raises ``ScanTimeoutError`` while the old one is stuck.
+6. On stop, ``watch`` scans once more, then keeps scanning, for at most the settle time after that scan,
+   while some save has complete markers but has not settled yet; then it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from ckpt.domain.entries import MAX_U64, Entry
+from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, ScanTimeoutError
+from ckpt.domain.frameworks import (
+    Framework,
+    Listing,
+    check_markers,
+    default_settle,
+    judge_save,
+    save_folders,
+)
+from ckpt.domain.ports import WatchStore
+from ckpt.verify import read_markers
+
+__all__ = ["Watcher"]
+
+_log = logging.getLogger("ckpt.watcher")
+
+
+def _seconds(value: float, what: str, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidError(f"{what} {value!r} is not a number of seconds")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidError(f"{what} {value!r} must be a finite number of seconds {bound}")
+    return float(value)
+
+
+def _key(location: str) -> str:
+    return location.rstrip("/")
+
+
+class Watcher:
+    """Publishes the complete saves a framework writes into ``saves_location``, at ``epoch``.
+
+    ``store`` is any :class:`~ckpt.domain.ports.WatchStore`; ``saves_location`` the folder the framework
+    saves into, in the store's own form (normally ``store.exec_dir(attempt)``). ``interval`` is the time
+    between scans in :meth:`watch`; ``settle`` (default: one interval for ``hf``, 0 for ``dcp``) how long a
+    save's listing must stay unchanged; ``scan_timeout`` (``None``: none) bounds each scan in
+    :meth:`watch`; ``on_published`` is called with each entry a scan creates, in step order, from the thread
+    that runs the scan. ``clock`` is a monotonic clock in seconds (tests pass a fake one to :meth:`scan`).
+    """
+
+    def __init__(
+        self,
+        store: WatchStore,
+        framework: Framework,
+        saves_location: str,
+        epoch: int,
+        interval: float,
+        *,
+        settle: float | None = None,
+        scan_timeout: float | None = None,
+        on_published: Callable[[Entry], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(framework, Framework):
+            raise InvalidError(f"framework {framework!r} is not a Framework")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_U64:
+            raise InvalidError(f"epoch {epoch!r} is not an unsigned 64-bit integer")
+        if not isinstance(saves_location, str) or not saves_location:
+            raise InvalidError(f"saves location {saves_location!r} must be a non-empty location")
+        self.store = store
+        self.framework = framework
+        self.saves_location = saves_location
+        self.epoch = epoch
+        self.interval = _seconds(interval, "interval", allow_zero=False)
+        self.settle = (
+            default_settle(framework, self.interval)
+            if settle is None
+            else _seconds(settle, "settle time", allow_zero=True)
+        )
+        self.scan_timeout = (
+            None if scan_timeout is None else _seconds(scan_timeout, "scan timeout", allow_zero=False)
+        )
+        self.on_published = on_published
+        self.clock = clock
+        self._published: set[str] | None = None  # locations published at our epoch; None until learned
+        self._settling: dict[str, Listing] = {}  # location -> first look since which nothing changed
+        self._scan_lock = threading.Lock()
+        self._spent = False  # a scan timed out: publish nothing more (rule 5)
+
+    def __repr__(self) -> str:
+        return (
+            f"Watcher({self.store!r}, {self.framework}, {self.saves_location!r}, epoch={self.epoch}, "
+            f"interval={self.interval:g}, settle={self.settle:g}, scan_timeout={self.scan_timeout})"
+        )
+
+    # -- one scan ----------------------------------------------------------------------------------------
+
+    def scan(self) -> list[Entry]:
+        """Publish, in step order, every complete save not yet published here; return the entries created.
+
+        An entry that already exists counts as published; an incomplete save is passed over. Store errors
+        propagate (the settle state and what was published before the error are kept). A save that vanishes
+        between its check and its publication (a framework's retention) is passed over with a warning.
+        """
+        if not self._scan_lock.acquire(blocking=False):
+            raise ScanTimeoutError("a previous scan of this watcher is still running (it timed out)")
+        try:
+            if self._spent:
+                raise ScanTimeoutError("this watcher's scan timed out before; start a new watcher")
+            return self._scan()
+        finally:
+            self._scan_lock.release()
+
+    def _learn_published(self) -> set[str]:
+        if self._published is None:
+            self._published = {
+                _key(self.store.location(entry))
+                for entry in self.store.entries()
+                if entry.epoch == self.epoch
+            }
+        return self._published
+
+    def _scan(self) -> list[Entry]:
+        published = self._learn_published()
+        base = _key(self.saves_location)
+        folders = {folder.name: _key(folder.location) for folder in self.store.folders(base)}
+        created: list[Entry] = []
+        seen: set[str] = set()
+        for save in save_folders(self.framework, folders):
+            location = folders[save.name]
+            if location in published:
+                continue
+            seen.add(location)
+            if self._is_complete(location) and self._publish(save.step, location, created):
+                published.add(location)
+        # Forget the settle state of saves that are gone or were published.
+        self._settling = {
+            loc: look for loc, look in self._settling.items() if loc in seen and loc not in published
+        }
+        return created
+
+    def _is_complete(self, location: str) -> bool:
+        markers = read_markers(self.store, self.framework, location)
+        listing = None
+        if self.settle > 0 and check_markers(self.framework, markers) is None:
+            started = self.clock()
+            files = tuple(self.store.files(location))
+            listing = Listing(files, started, self.clock())
+        verdict = judge_save(
+            self.framework, markers, settle=self.settle, listing=listing, since=self._settling.get(location)
+        )
+        if verdict.since is None:
+            self._settling.pop(location, None)
+        else:
+            self._settling[location] = verdict.since
+        if not verdict.complete:
+            _log.debug("not yet: %s: %s", location, verdict.reason)
+        return verdict.complete
+
+    def _publish(self, step: int, location: str, created: list[Entry]) -> bool:
+        """Sync and publish one complete save; return True when it is now published (by us or before)."""
+        if self._spent:
+            raise ScanTimeoutError("this watcher's scan timed out; it publishes nothing more")
+        sync_save: Callable[[str], None] | None = getattr(self.store, "sync_save", None)
+        try:
+            if sync_save is not None:
+                sync_save(location)
+            entry = self.store.publish(self.epoch, step, location)
+        except ExistsError:
+            return True
+        except NotFoundError:
+            # Deleted between the check and now (e.g. the Trainer's save_total_limit). If the root itself
+            # is gone, the next listing says so and ends the watch.
+            _log.warning("save vanished before it could be published: %s", location)
+            return False
+        created.append(entry)
+        if self.on_published is not None:
+            self.on_published(entry)
+        return True
+
+    # -- watching ----------------------------------------------------------------------------------------
+
+    def _timed_scan(self) -> list[Entry]:
+        """Run one scan, bounded by the scan timeout when there is one (rule 5)."""
+        if self.scan_timeout is None:
+            return self.scan()
+        outcome: list[list[Entry] | Exception] = []
+
+        def run() -> None:
+            try:
+                outcome.append(self.scan())
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
+                outcome.append(exc)
+
+        worker = threading.Thread(target=run, name="ckpt-watcher-scan", daemon=True)
+        worker.start()
+        worker.join(self.scan_timeout)
+        if worker.is_alive():
+            self._spent = True
+            raise ScanTimeoutError(
+                f"a scan of {self.saves_location} took longer than {self.scan_timeout:g}s "
+                "(the store is too slow or stopped answering)"
+            )
+        if not outcome:  # the thread died of a BaseException, which Python has already reported
+            raise ScanTimeoutError(f"a scan of {self.saves_location} ended without a result")
+        result = outcome[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _earliest_settled(self) -> float | None:
+        """When the soonest settling save could next be found settled, or ``None`` when none is settling."""
+        if not self._settling:
+            return None
+        return min(look.finished for look in self._settling.values()) + self.settle
+
+    def watch(self, stop: threading.Event) -> list[Entry]:
+        """Scan every interval until ``stop`` is set, then drain; return every entry created, in order.
+
+        A scan error ends the watch with that error, a scan over the timeout with ``ScanTimeoutError``.
+        Once ``stop`` is set, the watcher scans once more, then, while some save has complete markers but has
+        not settled, keeps scanning for at most the settle time after that scan (rule 6). A ``stop`` that is
+        already set when ``watch`` starts makes it one scan plus that drain: ``ckpt watch --once``.
+        """
+        created: list[Entry] = []
+        while True:
+            stopping = stop.is_set()
+            started = self.clock()
+            created += self._timed_scan()
+            if stopping:
+                break  # that scan began after the stop: it is the drain's first scan
+            stop.wait(max(0.0, started + self.interval - self.clock()))
+        deadline = self.clock() + self.settle
+        pause = threading.Event()  # never set: a sleep that a signal handler can interrupt and resume
+        while True:
+            soonest = self._earliest_settled()
+            now = self.clock()
+            if soonest is None or now >= deadline:
+                break
+            pause.wait(max(0.0, min(deadline, now + self.interval, soonest) - now))
+            created += self._timed_scan()
+        return created

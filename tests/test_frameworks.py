@@ -1,0 +1,259 @@
+"""The framework rules (``ckpt.domain.frameworks``): save folder names, markers, and settle, all pure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ckpt.domain.entries import MAX_U64
+from ckpt.domain.errors import InvalidError
+from ckpt.domain.frameworks import (
+    Framework,
+    Listing,
+    Markers,
+    check_markers,
+    default_settle,
+    judge_save,
+    parse_framework,
+    save_folders,
+    save_step,
+)
+from ckpt.domain.ports import FileInfo
+
+HF, DCP = Framework.HF, Framework.DCP
+STATE = b'{"global_step": 500, "log_history": [{"loss": NaN}]}'
+
+
+class TestParseFramework:
+    def test_names_round_trip(self) -> None:
+        """Each framework parses from the name it prints as."""
+        assert [parse_framework(str(f)) for f in Framework] == [HF, DCP]
+        assert (str(HF), str(DCP)) == ("hf", "dcp")
+
+    @pytest.mark.parametrize("text", ["HF", "Hf", " hf", "hf ", "pytorch", "", "dcp\n", "huggingface"])
+    def test_anything_else_is_invalid(self, text: str) -> None:
+        """A name other than exactly ``hf`` or ``dcp`` is refused with InvalidError naming it."""
+        with pytest.raises(InvalidError, match="is not one of hf, dcp"):
+            parse_framework(text)
+
+    def test_default_settle(self) -> None:
+        """The default settle time is one interval for hf and zero for dcp."""
+        assert (default_settle(HF, 2.5), default_settle(DCP, 2.5)) == (2.5, 0.0)
+
+
+class TestSaveStep:
+    @pytest.mark.parametrize(
+        ("framework", "name", "step"),
+        [
+            (HF, "checkpoint-500", 500),
+            (HF, "checkpoint-0", 0),
+            (HF, "checkpoint-05", 5),  # leading zeros: accepted, as the Trainer's own readers do
+            (HF, f"checkpoint-{MAX_U64}", MAX_U64),
+            (DCP, "step-10", 10),
+            (DCP, "step-007", 7),
+        ],
+    )
+    def test_save_names(self, framework: Framework, name: str, step: int) -> None:
+        """A folder named after the framework's pattern is a save at the step its name carries."""
+        assert save_step(framework, name) == step
+
+    @pytest.mark.parametrize(
+        ("framework", "name"),
+        [
+            (HF, "tmp-checkpoint-5"),
+            (HF, "checkpoint-best"),
+            (HF, "runs"),
+            (HF, "checkpoint-"),
+            (HF, "checkpoint"),
+            (HF, "checkpoint-+5"),
+            (HF, "checkpoint--5"),
+            (HF, "checkpoint- 5"),
+            (HF, "checkpoint-5 "),
+            (HF, "checkpoint-5.tmp"),
+            (HF, "checkpoint-1_000"),
+            (HF, "checkpoint-\u0665"),  # ARABIC-INDIC DIGIT FIVE: not ASCII
+            (HF, f"checkpoint-{MAX_U64 + 1}"),
+            (HF, "Checkpoint-5"),
+            (HF, "step-5"),
+            (DCP, "checkpoint-5"),
+            (DCP, "step-"),
+            (DCP, "step-0x10"),
+            (DCP, ".step-5"),
+        ],
+    )
+    def test_not_save_names(self, framework: Framework, name: str) -> None:
+        """Any other folder name is not a save (ignored, not an error)."""
+        assert save_step(framework, name) is None
+
+    @given(st.integers(min_value=0, max_value=MAX_U64))
+    def test_every_step_round_trips(self, step: int) -> None:
+        """Every unsigned 64-bit step survives being put into a folder name and read back."""
+        assert save_step(HF, f"checkpoint-{step}") == step
+        assert save_step(DCP, f"step-{step}") == step
+
+    @given(st.text(max_size=30))
+    def test_a_save_name_is_exactly_prefix_and_ascii_digits(self, rest: str) -> None:
+        """A name is a save exactly when what follows the prefix is ASCII digits that fit in 64 bits."""
+        expected = int(rest) if rest.isascii() and rest.isdigit() and int(rest) <= MAX_U64 else None
+        assert save_step(HF, "checkpoint-" + rest) == expected
+
+
+class TestSaveFolders:
+    def test_saves_in_step_order(self) -> None:
+        """Only save folders are kept, ordered by step (then name), whatever the listing order."""
+        names = [
+            "checkpoint-30",
+            "runs",
+            "checkpoint-4",
+            "tmp-checkpoint-50",
+            "checkpoint-best",
+            "checkpoint-004",
+        ]
+        found = save_folders(HF, names)
+        assert [(f.step, f.name) for f in found] == [
+            (4, "checkpoint-004"),
+            (4, "checkpoint-4"),
+            (30, "checkpoint-30"),
+        ]
+
+    @given(st.lists(st.integers(min_value=0, max_value=10**6), unique=True))
+    def test_order_does_not_depend_on_listing_order(self, steps: list[int]) -> None:
+        """The listing order of the storage is never trusted: any order gives ascending steps."""
+        names = [f"step-{s}" for s in steps]
+        assert [f.step for f in save_folders(DCP, names)] == sorted(steps)
+        assert save_folders(DCP, names) == save_folders(DCP, list(reversed(names)))
+
+
+class TestCheckMarkers:
+    def test_hf_complete(self) -> None:
+        """A JSON object in trainer_state.json and no sentinel is complete (even with the Trainer's NaN)."""
+        assert check_markers(HF, Markers(trainer_state=STATE)) is None
+
+    @pytest.mark.parametrize(
+        ("markers", "reason"),
+        [
+            (Markers(), "no trainer_state.json"),
+            (Markers(trainer_state=b""), "trainer_state.json is not a JSON object"),
+            (Markers(trainer_state=b'{"global_step": 5'), "trainer_state.json is not a JSON object"),
+            (Markers(trainer_state=b"[1, 2]"), "trainer_state.json is not a JSON object"),
+            (Markers(trainer_state=b'"text"'), "trainer_state.json is not a JSON object"),
+            (Markers(trainer_state=b"null"), "trainer_state.json is not a JSON object"),
+            (Markers(trainer_state=b"\xff\xfe{"), "trainer_state.json is not a JSON object"),
+            (Markers(trainer_state=b"[" * 100_000), "trainer_state.json is not a JSON object"),
+            (
+                Markers(trainer_state=b"{}", incomplete_sentinel=True),
+                "incomplete: checkpoint-is-incomplete.txt is present",
+            ),
+            (Markers(metadata=True), "no trainer_state.json"),
+        ],
+    )
+    def test_hf_incomplete(self, markers: Markers, reason: str) -> None:
+        """Missing, partial or non-object trainer_state.json, or the sentinel, each say why."""
+        assert check_markers(HF, markers) == reason
+
+    def test_dcp(self) -> None:
+        """A dcp save is complete exactly when .metadata is present; hf's markers do not matter to it."""
+        assert check_markers(DCP, Markers(metadata=True)) is None
+        assert check_markers(DCP, Markers(trainer_state=b"{}")) == "no .metadata"
+
+    @given(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5) | st.none(), max_size=5))
+    def test_any_json_object_is_complete(self, document: dict[str, object]) -> None:
+        """Any JSON object at all passes the hf marker check."""
+        assert check_markers(HF, Markers(trainer_state=json.dumps(document).encode())) is None
+
+    @given(st.binary(max_size=40))
+    def test_arbitrary_bytes_never_raise(self, data: bytes) -> None:
+        """Whatever bytes the file holds, the check answers with a verdict instead of raising."""
+        reason = check_markers(HF, Markers(trainer_state=data))
+        assert reason in (None, "trainer_state.json is not a JSON object")
+
+
+def look(files: dict[str, int], started: float, finished: float | None = None) -> Listing:
+    return Listing(
+        tuple(FileInfo(p, s) for p, s in sorted(files.items())),
+        started,
+        started if finished is None else finished,
+    )
+
+
+class TestJudgeSave:
+    def test_markers_first(self) -> None:
+        """Incomplete markers win over any listing, and the verdict asks to forget the settle state."""
+        verdict = judge_save(HF, Markers(), settle=1, listing=look({"a": 1}, 10), since=look({"a": 1}, 0))
+        assert (verdict.complete, verdict.reason, verdict.since) == (False, "no trainer_state.json", None)
+
+    def test_no_settle_means_complete_at_first_look(self) -> None:
+        """With settle 0 the markers alone decide; no listing is needed."""
+        assert judge_save(HF, Markers(trainer_state=b"{}"), settle=0).complete
+        assert judge_save(DCP, Markers(metadata=True), settle=0).complete
+
+    def test_first_look_starts_settling(self) -> None:
+        """The first look at a save with complete markers is kept, and the save is not complete yet."""
+        first = look({"trainer_state.json": 2}, 0.0, 0.1)
+        verdict = judge_save(HF, Markers(trainer_state=b"{}"), settle=1, listing=first)
+        assert (verdict.complete, verdict.since) == (False, first)
+        assert verdict.reason == "not settled: first look at its files"
+
+    def test_settles_after_the_settle_time(self) -> None:
+        """An unchanged listing seen settle seconds after the first look ended makes the save complete."""
+        first = look({"trainer_state.json": 2, "model": 9}, 0.0, 0.5)
+        markers = Markers(trainer_state=b"{}")
+        early = judge_save(
+            HF, markers, settle=2, listing=look({"trainer_state.json": 2, "model": 9}, 2.4), since=first
+        )
+        assert (early.complete, early.since) == (False, first)
+        assert early.reason == "not settled: unchanged for 1.9s of 2s"
+        on_time = judge_save(
+            HF, markers, settle=2, listing=look({"trainer_state.json": 2, "model": 9}, 2.5), since=first
+        )
+        assert on_time.complete
+
+    @pytest.mark.parametrize(
+        "changed",
+        [
+            {"trainer_state.json": 2, "model": 10},  # a file grew
+            {"trainer_state.json": 2},  # a file went away
+            {"trainer_state.json": 2, "model": 9, "rng_state_1.pth": 0},  # a file appeared
+            {"trainer_state.json": 2, "model2": 9},  # a file was renamed
+        ],
+    )
+    def test_any_change_restarts_the_settle(self, changed: dict[str, int]) -> None:
+        """A change in names or sizes, however late, restarts the settle from this look."""
+        first = look({"trainer_state.json": 2, "model": 9}, 0.0)
+        now = look(changed, 100.0)
+        verdict = judge_save(HF, Markers(trainer_state=b"{}"), settle=1, listing=now, since=first)
+        assert (verdict.complete, verdict.since) == (False, now)
+        assert verdict.reason == "not settled: its files changed since the last scan"
+
+    def test_explicit_settle_applies_to_dcp(self) -> None:
+        """A settle time given for dcp is honoured like for hf."""
+        verdict = judge_save(DCP, Markers(metadata=True), settle=1, listing=look({".metadata": 3}, 0))
+        assert not verdict.complete
+
+    def test_settle_needs_a_listing(self) -> None:
+        """Asking for a settle without this scan's listing is a programming error (InvalidError)."""
+        with pytest.raises(InvalidError, match="needs this scan's listing"):
+            judge_save(HF, Markers(trainer_state=b"{}"), settle=1)
+
+    @pytest.mark.parametrize("settle", [-1, float("nan"), float("inf"), True, "1"])
+    def test_bad_settle(self, settle: object) -> None:
+        """A settle time that is negative, not finite or not a number is refused."""
+        with pytest.raises(InvalidError, match="settle time"):
+            judge_save(HF, Markers(trainer_state=b"{}"), settle=settle, listing=look({}, 0))  # type: ignore[arg-type]
+
+    @given(
+        st.floats(min_value=0.001, max_value=1e6),
+        st.floats(min_value=0, max_value=1e6),
+        st.floats(min_value=0, max_value=1e6),
+    )
+    def test_complete_exactly_when_the_gap_reaches_settle(
+        self, settle: float, end: float, gap: float
+    ) -> None:
+        """Unchanged, it is complete exactly when the second look starts settle after the first ended."""
+        first = look({"f": 1}, 0.0, end)
+        second = look({"f": 1}, end + gap)
+        verdict = judge_save(HF, Markers(trainer_state=b"{}"), settle=settle, listing=second, since=first)
+        assert verdict.complete == ((end + gap) - end >= settle)

@@ -1,0 +1,121 @@
+"""Verified resolve (``ckpt.verify.resolve_verified``) on every store the harness builds."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckpt.domain.entries import Entry
+from ckpt.domain.errors import MalformedError
+from ckpt.domain.frameworks import Framework
+from ckpt.verify import Verified, read_markers, resolve_verified
+from harness import Harness
+
+HF, DCP = Framework.HF, Framework.DCP
+EXEC = "exec/1.4101.0"
+STATE = b'{"global_step": 1}'
+
+
+def publish(harness: Harness, epoch: int, step: int, save: str, files: dict[str, bytes] | None) -> Entry:
+    """Create the save with ``files`` (``None``: no folder at all) and publish it."""
+    location = harness.make_save(save, files or {"model.safetensors": b"w"})
+    entry = harness.store().publish(epoch, step, location)
+    if files is None:
+        harness.remove_save(save)
+    return entry
+
+
+class TestResolveVerified:
+    def test_newest_complete_save_wins(self, harness: Harness) -> None:
+        """With every save complete, verified resolve returns the greatest entry and skips nothing."""
+        publish(harness, 1, 100, f"{EXEC}/checkpoint-100", {"trainer_state.json": STATE})
+        newest = publish(harness, 1, 200, f"{EXEC}/checkpoint-200", {"trainer_state.json": STATE})
+        assert resolve_verified(harness.store(), HF) == Verified(newest, ())
+
+    def test_hf_walks_down_past_every_kind_of_incomplete(self, harness: Harness) -> None:
+        """Each entry above the newest complete save is passed over with its own reason, greatest first."""
+        good = publish(harness, 1, 100, f"{EXEC}/checkpoint-100", {"trainer_state.json": STATE})
+        skipped = [
+            publish(harness, 1, 600, f"{EXEC}/checkpoint-600", None),
+            publish(harness, 1, 500, f"{EXEC}/checkpoint-500", {"model.safetensors": b"w"}),
+            publish(harness, 1, 400, f"{EXEC}/checkpoint-400", {"trainer_state.json": b'{"global_st'}),
+            publish(harness, 1, 300, f"{EXEC}/checkpoint-300", {"trainer_state.json": b"[]"}),
+            publish(
+                harness,
+                1,
+                250,
+                f"{EXEC}/checkpoint-250",
+                {"trainer_state.json": STATE, "checkpoint-is-incomplete.txt": b""},
+            ),
+            publish(harness, 1, 200, f"{EXEC}/checkpoint-best", {"trainer_state.json": STATE}),
+        ]
+        verified = resolve_verified(harness.store(), HF)
+        assert verified.entry == good
+        assert [(e.step, reason) for e, reason in verified.skipped] == [
+            (600, "save folder is missing"),
+            (500, "no trainer_state.json"),
+            (400, "trainer_state.json is not a JSON object"),
+            (300, "trainer_state.json is not a JSON object"),
+            (250, "incomplete: checkpoint-is-incomplete.txt is present"),
+            (200, "not a hf save folder name (checkpoint-<step>): 'checkpoint-best'"),
+        ]
+        assert [e for e, _ in verified.skipped] == skipped
+
+    def test_dcp(self, harness: Harness) -> None:
+        """A dcp save needs .metadata; one without it, a missing one, or an hf name is passed over."""
+        good = publish(harness, 2, 10, f"{EXEC}/step-10", {".metadata": b"m", "__0_0.distcp": b"x"})
+        publish(harness, 2, 40, f"{EXEC}/step-40", None)
+        publish(harness, 2, 30, f"{EXEC}/step-30", {"__0_0.distcp": b"x", ".metadata.tmp": b"m"})
+        publish(harness, 2, 20, f"{EXEC}/checkpoint-20", {".metadata": b"m"})
+        verified = resolve_verified(harness.store(), DCP)
+        assert verified.entry == good
+        assert [(e.step, reason) for e, reason in verified.skipped] == [
+            (40, "save folder is missing"),
+            (30, "no .metadata"),
+            (20, "not a dcp save folder name (step-<step>): 'checkpoint-20'"),
+        ]
+
+    def test_epoch_orders_before_step(self, harness: Harness) -> None:
+        """A newer execution's lower step wins over an older execution's higher one, as in plain resolve."""
+        publish(harness, 1, 900, "exec/old/checkpoint-900", {"trainer_state.json": STATE})
+        newer = publish(harness, 2, 100, "exec/new/checkpoint-100", {"trainer_state.json": STATE})
+        assert resolve_verified(harness.store(), HF).entry == newer
+
+    def test_nothing_complete(self, harness: Harness) -> None:
+        """When no save passes, the entry is None and every entry is reported."""
+        publish(harness, 1, 1, f"{EXEC}/checkpoint-1", None)
+        verified = resolve_verified(harness.store(), HF)
+        assert verified.entry is None
+        assert [reason for _, reason in verified.skipped] == ["save folder is missing"]
+
+    def test_nothing_published(self, harness: Harness) -> None:
+        """An empty log gives no entry and nothing skipped."""
+        assert resolve_verified(harness.store(), DCP) == Verified(None, ())
+
+    def test_settle_does_not_apply(self, harness: Harness) -> None:
+        """A save that was just written is accepted at once: verified resolve checks markers only."""
+        entry = publish(harness, 1, 7, f"{EXEC}/checkpoint-7", {"trainer_state.json": STATE})
+        assert resolve_verified(harness.store(), HF).entry == entry
+
+    def test_malformed_log_is_an_error(self, harness: Harness) -> None:
+        """A bad name in pub/ raises MalformedError, as entries() does, instead of being skipped."""
+        publish(harness, 1, 1, f"{EXEC}/checkpoint-1", {"trainer_state.json": STATE})
+        harness.put_raw_name("not-an-entry")
+        with pytest.raises(MalformedError):
+            resolve_verified(harness.store(), HF)
+
+
+class TestReadMarkers:
+    def test_hf(self, harness: Harness) -> None:
+        """The hf markers are trainer_state.json's bytes and whether the sentinel is present."""
+        location = harness.make_save(
+            f"{EXEC}/checkpoint-5", {"trainer_state.json": STATE, "checkpoint-is-incomplete.txt": b""}
+        )
+        markers = read_markers(harness.store(), HF, location)
+        assert (markers.trainer_state, markers.incomplete_sentinel) == (STATE, True)
+
+    def test_dcp(self, harness: Harness) -> None:
+        """The dcp marker is whether .metadata is present."""
+        location = harness.make_save(f"{EXEC}/step-5", {".metadata": b""})
+        assert read_markers(harness.store(), DCP, location).metadata
+        other = harness.make_save(f"{EXEC}/step-6", {"__0_0.distcp": b"x"})
+        assert not read_markers(harness.store(), DCP, other).metadata
