@@ -32,7 +32,10 @@ from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
 from ckpt.store import open_store
 
 if TYPE_CHECKING:
+    from ckpt.domain.frameworks import Framework, parse_framework
     from ckpt.domain.proxy import ProxyRule
+    from ckpt.verify import Verified, resolve_verified
+    from ckpt.watcher import Watcher
 
 __all__ = [
     "CkptError",
@@ -42,6 +45,7 @@ __all__ = [
     "ExistsError",
     "FileInfo",
     "Folder",
+    "Framework",
     "InvalidError",
     "MalformedError",
     "NotFoundError",
@@ -54,15 +58,19 @@ __all__ = [
     "SkippedFolder",
     "StorageError",
     "Store",
+    "Verified",
     "WatchStore",
+    "Watcher",
     "format_entry_name",
     "latest",
     "open_store",
     "overlaps",
     "parse_entry_name",
     "parse_epoch",
+    "parse_framework",
     "parse_step",
     "plan_prune",
+    "resolve_verified",
     "validate_attempt",
     "validate_save",
 ]
@@ -70,10 +78,22 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
-    # ProxyRule pulls in ipaddress; a POSIX-only command should not pay for it at start-up.
-    if name == "ProxyRule":
-        from ckpt.domain.proxy import ProxyRule
+# Loaded on first use: a POSIX-only command should not pay at start-up for the proxy rule (ipaddress) or the
+# watcher (threading, json).
+_LAZY = {
+    "ProxyRule": "ckpt.domain.proxy",
+    "Framework": "ckpt.domain.frameworks",
+    "parse_framework": "ckpt.domain.frameworks",
+    "Watcher": "ckpt.watcher",
+    "Verified": "ckpt.verify",
+    "resolve_verified": "ckpt.verify",
+}
 
-        return ProxyRule
-    raise AttributeError(f"module 'ckpt' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckpt' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
