@@ -1,0 +1,139 @@
+"""A sustained run: four executions (two epochs) training and publishing into one root while a pruner runs.
+
+Four simulated Hugging Face trainers write saves file by file (including saves that only settle late), each
+watched by its own ``ckpt watch`` sidecar process; a pruner process runs ``ckpt prune --keep 4`` every two
+seconds. After every prune, every remaining entry's folder must exist; at the end, every complete save was
+published exactly once, ``resolve`` returns the newest save of the newest epoch, and every remaining entry's
+folder exists with its files.
+
+The run lasts ``CKPT_SUSTAINED_SECONDS`` seconds (default 180, "several minutes"; set it lower for a quick
+local run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ckpt.adapters.posix import PosixStore
+from ckpt.domain.entries import Entry
+from support_trainer import SaveSpec, SimulatedTrainer
+
+DURATION = float(os.environ.get("CKPT_SUSTAINED_SECONDS", "180"))
+EXECUTIONS = [("1.100.0", 1_000), ("1.100.1", 1_000), ("2.200.0", 2_000), ("2.200.1", 2_000)]
+KINDS = ("plain", "sentinel", "late_rank", "staged")
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_"))}
+
+
+class _Trainer(threading.Thread):
+    """Writes saves at rising steps until told to stop; records each save once it is complete."""
+
+    def __init__(self, saves_dir: str, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.completed: list[str] = []
+        self._stop_event = stop
+        self._trainer = SimulatedTrainer(
+            "hf", saves_dir, pace=0.002, on_complete=self.completed.append, chunk=2048
+        )
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            step = 0
+            while not self._stop_event.is_set():
+                step += 10
+                self._trainer.write(SaveSpec(KINDS[(step // 10) % len(KINDS)], step))
+                time.sleep(0.05)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def _entries_have_folders(root: Path) -> list[str]:
+    """Return the remaining entries whose folder is missing (empty when all is well)."""
+    store = PosixStore(str(root))
+    return [e.save for e in store.entries() if not (root / e.save / "trainer_state.json").is_file()]
+
+
+@pytest.mark.slow
+class TestSustainedRun:
+    def test_four_watchers_two_epochs_and_a_pruner(self, tmp_path: Path) -> None:
+        """Under minutes of load, nothing is lost or duplicated, prune never strands an entry, newest wins."""
+        root = tmp_path / "root"
+        root.mkdir()
+        stop = threading.Event()
+        trainers, watchers = [], []
+        for attempt, epoch in EXECUTIONS:
+            saves = root / "exec" / attempt
+            saves.mkdir(parents=True)
+            trainer = _Trainer(str(saves), stop)
+            trainers.append(trainer)
+            watchers.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "ckpt", "--root", str(root), "--log-format", "json",
+                     "watch", "--framework", "hf", "--attempt", attempt, "--epoch", str(epoch),
+                     "--interval", "0.2", "--settle", "0.3"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(),
+                )
+            )  # fmt: skip
+        for trainer in trainers:
+            trainer.start()
+        deadline = time.monotonic() + DURATION
+        prunes, stranded = 0, []
+        while time.monotonic() < deadline:
+            time.sleep(2.0)
+            result = subprocess.run(
+                [sys.executable, "-m", "ckpt", "--root", str(root), "--json", "prune", "--keep", "4"],
+                capture_output=True, text=True, env=_env(), check=False, timeout=60,
+            )  # fmt: skip
+            assert result.returncode == 0, result.stderr
+            prunes += 1
+            stranded += _entries_have_folders(root)
+        stop.set()
+        for trainer in trainers:
+            trainer.join(timeout=30)
+            assert trainer.error is None, trainer.error
+        time.sleep(1.5)  # the last saves settle (0.3 s) and are published on the next scans
+        logs = []
+        for watcher in watchers:
+            watcher.send_signal(signal.SIGTERM)
+            _, err = watcher.communicate(timeout=30)
+            assert watcher.returncode == 0, err
+            logs.append(err)
+
+        assert stranded == [], "an entry's folder was removed while the entry remained"
+        assert prunes >= DURATION / 3
+        published: list[str] = []
+        for err in logs:
+            for line in err.splitlines():
+                record = json.loads(line)
+                if record.get("message") == "published":
+                    published.append(record["location"])
+        completed = [
+            str(root / "exec" / attempt / name)
+            for (attempt, _), trainer in zip(EXECUTIONS, trainers, strict=True)
+            for name in trainer.completed
+        ]
+        assert len(completed) > 40
+        assert sorted(published) == sorted(completed), "every complete save exactly once, nothing else"
+
+        newest = max(
+            Entry(epoch, int(name.removeprefix("checkpoint-")), f"exec/{attempt}/{name}")
+            for (attempt, epoch), trainer in zip(EXECUTIONS, trainers, strict=True)
+            for name in trainer.completed
+        )
+        store = PosixStore(str(root))
+        assert store.resolve() == newest
+        assert newest.epoch == 2_000
+        assert _entries_have_folders(root) == []
+        assert len(store.entries()) >= 4
