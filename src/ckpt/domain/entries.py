@@ -118,7 +118,10 @@ def _parse_u64(text: str, what: str) -> int:
         raise InvalidError(
             f"{what} {text!r} is not a decimal number (ASCII digits only: no sign, spaces or underscores)"
         )
-    value = int(text)
+    # Leading zeros are allowed, so the length says nothing until they are gone; and int() refuses decimal
+    # strings over 4300 digits with a bare ValueError, so an overlong value is refused before it gets there.
+    significant = text.lstrip("0") or "0"
+    value = int(significant) if len(significant) <= 20 else MAX_U64 + 1
     if value > MAX_U64:
         raise InvalidError(f"{what} {text!r} does not fit in 64 bits (maximum {MAX_U64})")
     return value
