@@ -64,7 +64,12 @@ def main(argv: list[str]) -> int:
         ):
             if _run(*step) != 0:
                 return 1
-        return _run(py, "-m", "pytest", *rest)
+        if rest:  # the caller chose what to run
+            return _run(py, "-m", "pytest", *rest)
+        # The whole suite, then the fuzz marker in its own pass (10,000 examples per parser).
+        if _run(py, "-m", "pytest", "-m", "not fuzz") != 0:
+            return 1
+        return _run(py, "-m", "pytest", "-m", "fuzz")
     if command == "bench":
         ensure_venv("test")
         return _run(os.path.join(BIN, "python"), "benchmarks/run.py", *rest)

@@ -1,0 +1,191 @@
+"""Fuzzing of the parsers of hostile input outside the entry-name core: S3 root URLs, proxy values,
+``NO_PROXY`` lists, and configuration files.
+
+Each property runs 10,000 examples under the ``fuzz`` marker (``python3 dev.py test`` runs the marker in
+its own pass). The contract: no exception other than our documented error types, and any accepted value is
+canonical (re-parsing what we produce gives the same value).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckpt.adapters.s3 import parse_s3_root
+from ckpt.config import parse_config
+from ckpt.creds.config import validate_credentials_config
+from ckpt.domain.errors import ConfigError, InvalidError, ProxyConfigError
+from ckpt.domain.proxy import ProxyRule, parse_proxy_url, redact_url
+
+FUZZ = settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Text biased towards the characters these grammars care about, plus anything at all.
+_SPECIAL = st.sampled_from([*"/:@?#[]%.-_*,= \t\n\x00\x7fAaZz09", "..", "//", "s3://", "http://", "::"])
+_TEXT = st.one_of(
+    st.text(max_size=80),
+    st.lists(st.one_of(_SPECIAL, st.text(max_size=6)), max_size=20).map("".join),
+)
+_HOST = st.one_of(
+    st.from_regex(r"[a-z0-9][a-z0-9.-]{1,20}[a-z0-9]", fullmatch=True),
+    st.sampled_from(["127.0.0.1", "[::1]", "10.1.2.3", "[2001:db8::1]", "localhost", "bücher.example"]),
+    _TEXT,
+)
+
+
+def _s3_roots() -> st.SearchStrategy[str]:
+    return st.one_of(
+        _TEXT.map(lambda t: "s3://" + t),
+        st.tuples(_HOST, st.lists(_TEXT, max_size=4)).map(lambda t: "s3://" + "/".join([t[0], *t[1]])),
+        _TEXT,
+    )
+
+
+def _proxy_values() -> st.SearchStrategy[str]:
+    return st.one_of(
+        _TEXT,
+        st.tuples(
+            st.sampled_from(["", "http://", "https://", "socks5://", "HTTP://", "ftp://"]),
+            st.sampled_from(["", "user:p%40ss@", "u@", ":pw@"]),
+            _HOST,
+            st.sampled_from(["", ":3128", ":0", ":65536", ":x", "/path", "?q", "#f"]),
+        ).map("".join),
+    )
+
+
+def _urls() -> st.SearchStrategy[str]:
+    return st.one_of(
+        _TEXT,
+        st.tuples(
+            st.sampled_from(["http://", "https://", "HTTPS://", "ftp://", ""]),
+            _HOST,
+            st.sampled_from(["", ":80", ":443", ":9000", ":99999", "/b/k", "?x=1"]),
+        ).map("".join),
+    )
+
+
+_TOML_SCALARS = st.one_of(
+    st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), _TEXT, st.just([])
+)
+_KEYS = st.one_of(
+    st.sampled_from(
+        ["root", "s3", "proxy", "credentials", "endpoint_url", "region", "addressing_style", "ca_bundle",
+         "connect_timeout", "read_timeout", "max_attempts", "refresh_seconds", "max_staleness_seconds",
+         "http_proxy", "https_proxy", "no_proxy", "source", "dir", "readable_by_others", "address", "path",
+         "mount", "namespace", "auth", "method", "role", "jwt_file", "role_id", "secret_id", "fields"]
+    ),
+    st.text(max_size=8),
+)  # fmt: skip
+_DOCUMENTS = st.recursive(
+    st.dictionaries(_KEYS, _TOML_SCALARS, max_size=5),
+    lambda children: st.dictionaries(
+        _KEYS, st.one_of(_TOML_SCALARS, children, st.lists(children, max_size=3)), max_size=5
+    ),
+    max_leaves=8,
+)
+
+_ALLOWED = (InvalidError,)  # ConfigError and ProxyConfigError are InvalidErrors
+_SECRETS = ("p%40ss", ":pw@")  # the passwords the proxy strategies put in user-info
+
+
+def _attempt(call: Any, *args: Any) -> tuple[Any, BaseException | None]:
+    """Run ``call``; return its value and None, or None and the documented error it raised."""
+    try:
+        return call(*args), None
+    except _ALLOWED as exc:
+        return None, exc
+
+
+@pytest.mark.fuzz
+class TestFuzzS3Root:
+    @FUZZ
+    @given(_s3_roots())
+    def test_s3_roots_parse_canonically_or_are_invalid(self, root: str) -> None:
+        """An S3 root either is InvalidError or parses to a value whose URL parses back to itself."""
+        parsed, error = _attempt(parse_s3_root, root)
+        if error is not None:
+            return
+        assert parse_s3_root(parsed.url) == parsed
+        assert "@" not in parsed.bucket
+        assert ".." not in parsed.prefix.split("/")
+
+
+@pytest.mark.fuzz
+class TestFuzzProxy:
+    @FUZZ
+    @given(_proxy_values())
+    def test_proxy_values_are_canonical_or_refused_without_leaking(self, value: str) -> None:
+        """A proxy value is ProxyConfigError (never showing a password) or canonical under re-parsing."""
+        canonical, error = _attempt(parse_proxy_url, value)
+        if error is not None:
+            assert isinstance(error, ProxyConfigError)
+            assert not any(secret in str(error) for secret in _SECRETS)
+            return
+        assert parse_proxy_url(canonical) == canonical
+        assert not any(secret in redact_url(canonical) for secret in _SECRETS)
+
+    @FUZZ
+    @given(_TEXT, _urls(), st.booleans())
+    def test_no_proxy_lists_never_crash(self, no_proxy: str, url: str, https: bool) -> None:
+        """Any NO_PROXY list and URL give a proxy, None, or ProxyConfigError; loopback is never proxied."""
+        proxy = "http://proxy.example:3128"
+        rule = ProxyRule(https_proxy=proxy, http_proxy=proxy, no_proxy=no_proxy)
+        target = url if "://" in url else ("https://" if https else "http://") + url
+        chosen, error = _attempt(rule.proxy_for, target)
+        if error is not None:
+            assert isinstance(error, ProxyConfigError)
+            return
+        assert chosen in (None, proxy)
+        if target.lower().startswith(("http://127.0.0.1", "https://localhost/", "http://[::1]")):
+            assert chosen is None
+
+    @FUZZ
+    @given(
+        st.dictionaries(
+            st.sampled_from(["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"]),
+            _proxy_values(),
+            max_size=4,
+        ),
+        st.dictionaries(st.sampled_from(["NO_PROXY", "no_proxy", "REQUEST_METHOD"]), st.text(max_size=20)),
+    )
+    def test_environments_build_a_rule_or_refuse(self, proxies: dict[str, str], rest: dict[str, str]) -> None:
+        """Any environment yields a ProxyRule or ProxyConfigError; neither ever shows a proxy password."""
+        rule, error = _attempt(ProxyRule.from_environment, {**rest, **proxies})
+        shown = repr(rule) if error is None else str(error)
+        assert not any(secret in shown for secret in _SECRETS if secret not in str(rest))
+
+
+@pytest.mark.fuzz
+class TestFuzzConfig:
+    @FUZZ
+    @given(_DOCUMENTS)
+    def test_config_documents_validate_or_name_a_key(self, document: dict[str, Any]) -> None:
+        """Any document is accepted or refused with ConfigError/InvalidError; a ConfigError names its key."""
+        _, error = _attempt(parse_config, document)
+        if isinstance(error, ConfigError):
+            assert error.key is not None, f"ConfigError without a key: {error}"
+            key = error.key
+            assert any(key == k or key.startswith((f"{k}.", f"{k}[")) for k in document), key
+
+    @FUZZ
+    @given(st.lists(_DOCUMENTS, max_size=2))
+    def test_credentials_tables_validate_or_are_config_errors(self, tables: list[dict[str, Any]]) -> None:
+        """Any [[credentials]] list is valid or a ConfigError naming credentials[i]."""
+        _, error = _attempt(validate_credentials_config, tables)
+        if error is not None:
+            assert isinstance(error, ConfigError)
+            assert error.key is not None
+            assert error.key.startswith("credentials")
+
+    @FUZZ
+    @given(st.binary(max_size=200))
+    def test_config_bytes_parse_or_are_refused(self, data: bytes) -> None:
+        """Arbitrary bytes are either not TOML or go through validation: nothing else escapes."""
+        try:
+            document = tomllib.loads(data.decode("utf-8", "replace"))
+        except tomllib.TOMLDecodeError:
+            return
+        _attempt(parse_config, document)
