@@ -5,7 +5,6 @@ botocore's and urllib3's loggers are never configured here: botocore's debug out
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -32,6 +31,8 @@ class _TextFormatter(logging.Formatter):
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        import json  # only for --log-format json: keeps start-up light
+
         document: dict[str, object] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",

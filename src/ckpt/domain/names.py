@@ -16,24 +16,32 @@ Rules this module enforces:
 3. Two implementations live here on purpose. :func:`parse_entry_name` is the simple reference, one name at
    a time. :func:`parse_entry_names` and :func:`latest_entry_name` are the bulk paths used by ``entries`` and
    ``resolve``: they validate a whole listing with a few C-level passes (one regex over the joined names,
-   one base-32 integer conversion, one UTF-8 decode, one regex over the joined saves) and fall back to the
+   one base-32 integer conversion, one UTF-8 decode, one regex over the decoded saves) and fall back to the
    reference parser only to name the first bad name. Property tests hold the two to the same answers.
 
-Pure: standard library only.
+Pure: standard library and attrs only.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import re
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import itemgetter
+from typing import Any
 
-from ckpt.domain.entries import MAX_U64, Entry, save_error, sort_entries
+import attrs
+
+from ckpt.domain.entries import MAX_U64, Entry, save_error
 from ckpt.domain.errors import InvalidError, MalformedError
 
 __all__ = [
     "MAX_NAME_BYTES",
     "MAX_SAVE_BYTES",
+    "LatestEntryScan",
     "decode_save",
     "encode_save",
     "format_entry_name",
@@ -64,31 +72,6 @@ def _u64_pattern() -> str:
             options.append(f"{_MAX_U64_TEXT[:i]}[{smaller}]" + (f"[0-9]{{{rest}}}" if rest else ""))
     options.append(_MAX_U64_TEXT)
     return "(?:" + "|".join(options) + ")"
-
-
-# Canonical unpadded base32 (rule 1): whole 8-character groups, then an optional tail whose length is 2, 4,
-# 5 or 7 characters (1, 2, 3 or 4 bytes) and whose last character leaves the unused low bits zero:
-#   2 chars = 10 bits, 2 unused -> value % 4 == 0;   4 chars = 20 bits, 4 unused -> value % 16 == 0
-#   5 chars = 25 bits, 1 unused -> value % 2 == 0;   7 chars = 35 bits, 3 unused -> value % 8 == 0
-_B32 = (
-    r"(?:[A-Z2-7]{8})*"
-    r"(?:[A-Z2-7][AEIMQUY4]|[A-Z2-7]{3}[AQ]|[A-Z2-7]{4}[ACEGIKMOQSUWY246]|[A-Z2-7]{6}[AIQY])?"
-)
-# One name: the numbers, then non-empty base32 of at most MAX_B32_CHARS characters (rule 1, NAME_MAX).
-_NAME_BODY = rf"({_u64_pattern()})-({_u64_pattern()})-(?=[A-Z2-7]{{1,{MAX_B32_CHARS}}}$)({_B32})"
-_NAME = re.compile(_NAME_BODY + r"\Z")
-# The same, once per line of a joined listing (bulk path).
-_NAME_LINES = re.compile(r"^" + _NAME_BODY.replace("$)", r"(?:\n|\Z))") + r"$", re.MULTILINE)
-# A valid save per line of joined saves (rule 2, SPEC §2): elements free of '/' and control characters,
-# none empty, '.' or '..', the first not 'pub'. Saves are joined with '\n', which no valid save contains.
-_ELEMENT = r"(?!\.\.?(?:/|$))[^/\x00-\x1f\x7f]+"
-_SAVE_LINES = re.compile(rf"^(?!pub(?:/|$)){_ELEMENT}(?:/{_ELEMENT})*$", re.MULTILINE)
-
-# base32 alphabet -> digits of int(text, 32): A-Z are 0-25, 2-7 are 26-31.
-_B32_TO_DIGITS = str.maketrans(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567",
-    "0123456789abcdefghijklmnopqrstuv",
-)
 
 
 def encode_save(save: str) -> str:
@@ -167,31 +150,87 @@ def encode_save_bytes(raw: bytes) -> str:
     return base64.b32encode(raw).decode("ascii").rstrip("=")
 
 
-def _bulk_decode_saves(b32_parts: Sequence[str]) -> list[str] | None:
-    """Decode many canonical base32 strings with one integer conversion; ``None`` if any save is bad.
+# -- the bulk path (rule 3) -------------------------------------------------------------------------------
+#
+# Parsing name by name costs several times what listing pub/ does (benchmarks/README.md), so names are checked
+# a chunk of a few thousand at a time, in a few passes that each run in C over the whole chunk:
+#
+# 1. One regex over the names joined with "-\n" (_LISTING, or _listing_u64 when a number has a leading
+#    non-zero digit): the 20-digit numbers, their 64-bit range and the separators. Counting newlines rejects
+#    a name that holds one; the chunk must be ASCII.
+# 2. One base-32 integer conversion of every save part, each completed by a pad (_ROW_PADS) into a *row* of
+#    whole bytes: <the save's bytes> <the byte holding the unused bits> <\x01 ...> <\n>. Characters outside
+#    the alphabet become "!", and so does the pad of a part of impossible length (1, 3 or 6 characters past a
+#    whole group), which stops the conversion; a part longer than 213 characters has no pad at all.
+# 3. One UTF-8 decode of all rows, then one regex over them (_ROWS): a valid save (SPEC §2), then NUL, which
+#    is what the unused-bits byte holds exactly when the part is canonical, then \x01s and \n. The rows are
+#    delimited by their \n alone: each pad carries exactly one, so the newline count proves no save holds one,
+#    and \x01 (never NUL, never part of a valid save) keeps a NUL inside a save from passing for a row's end.
+#
+# When any check fails, the reference parser runs name by name to name the first bad one; property tests
+# hold the two paths to the same answers.
 
-    Each part is padded with 'A' (value 0) to a whole number of 8-character groups, so every part decodes
-    to its own bytes followed by zero bytes. Saves never contain NUL, so those are cut by length.
+# The base32 part is only skipped here: step 2 checks it, at a fraction of a regex's cost per character.
+# Numbers below 10**19 (a leading 0) are the usual case; the exact 64-bit pattern costs more to compile.
+_LISTING = re.compile(r"(?:0[0-9]{19}-0[0-9]{19}-.++\n)++")
+
+
+@functools.cache
+def _listing_u64() -> re.Pattern[str]:
+    u64 = _u64_pattern()
+    return re.compile(rf"(?:{u64}-{u64}-.++\n)++")
+
+
+_LISTING_SEP = "-\n"  # after every name, the last too; lets str.split("-") cut names into their three fields
+_NUMBERS_LEN = _PREFIX_LEN - 1  # "<epoch>-<step>": compares as strings in numeric order (fixed width)
+_B32_PART = itemgetter(slice(_PREFIX_LEN, None))
+# Names per pass: enough that the passes' fixed costs vanish, few enough that their buffers stay in the CPU
+# caches and are reused from chunk to chunk. Past ~2k names the buffers are big enough that malloc returns
+# them to the kernel after each chunk and takes fresh pages for the next, which costs more than the passes.
+_CHUNK = 1024
+
+# base32 alphabet -> digits of int(text, 32) (A-Z are 0-25, 2-7 are 26-31); any other ASCII -> "!".
+_B32_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+_B32_DIGITS = str.maketrans(
+    {chr(c): "!" for c in range(128)}
+    | dict(zip(_B32_ALPHABET, "0123456789abcdefghijklmnopqrstuv", strict=True))
+)
+_ROW_FILL = b"\x01"
+
+
+def _row_pad(length: int) -> str:
+    """Return the base32 characters that complete a save part of ``length`` characters into a row.
+
+    They depend on ``length % 8`` only. A length no canonical encoding has gets ``"!"``, which
+    ``int(..., 32)`` refuses.
     """
-    if not b32_parts:
-        return []
-    padded = [p + "A" * (-len(p) % 8) for p in b32_parts]
-    joined = "".join(padded).translate(_B32_TO_DIGITS)
-    raw = int(joined, 32).to_bytes(len(joined) * 5 // 8, "big")
-    saves_bytes = []
-    offset = 0
-    for part, pad in zip(b32_parts, padded, strict=True):
-        size = len(part) * 5 // 8
-        saves_bytes.append(raw[offset : offset + size])
-        offset += len(pad) * 5 // 8
-    try:
-        text = b"\n".join(saves_bytes).decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    saves = text.split("\n")
-    if len(saves) != len(b32_parts) or len(_SAVE_LINES.findall(text)) != len(b32_parts):
-        return None
-    return saves
+    if length % 8 in (1, 3, 6):
+        return "!"
+    size = length * 5 // 8  # whole bytes the part holds
+    pad = 5 - size % 5  # bytes left in its last 5-byte (8-character) group ...
+    if pad < 2:
+        pad += 5  # ... and another group when there is no room for both the unused-bits byte and the \n
+    row = bytes(size) + b"\x00" + _ROW_FILL * (pad - 2) + b"\n"
+    # Characters past ``length`` carry only bits that follow the part's own, whatever the part is.
+    return encode_save_bytes(row)[length:]
+
+
+# Indexed by the part's length: an empty part has no pad, and a part longer than MAX_B32_CHARS no entry.
+_PADS_BY_RESIDUE = [_row_pad(residue) for residue in range(8)]
+_ROW_PADS = ("!", *(_PADS_BY_RESIDUE[length % 8] for length in range(1, MAX_B32_CHARS + 1)))
+# Rule 2 over decoded rows: elements free of '/' and control characters, none empty, '.' or '..', the first
+# not 'pub'; a save ends at the NUL of its row.
+_ELEMENT = r"(?!\.\.?[/\x00])[^/\x00-\x1f\x7f]++"
+_ROWS = re.compile(rf"(?:(?!pub[/\x00]){_ELEMENT}(?:/{_ELEMENT})*+\x00\x01*+\n)*+")
+
+# Translating names with _ORDER makes string order equal entry order: digits keep their order, and base32
+# characters sort by the value they encode (A-Z are 0-25, 2-7 are 26-31, so 2-7 must sort after Z), and the
+# base32 of byte strings then sorts like the byte strings, which sort like the saves (UTF-8 keeps code-point
+# order). _ORDER_BACK undoes it exactly on valid names; the characters it would turn into digits become "!"
+# on the way there, so that no invalid name comes back valid.
+_ORDER_KEYS = "[\\]^_`ab"
+_ORDER = str.maketrans("23456789" + _ORDER_KEYS, _ORDER_KEYS + "!" * len(_ORDER_KEYS))
+_ORDER_BACK = str.maketrans(_ORDER_KEYS, "23456789")
 
 
 def _first_malformed(names: Sequence[str]) -> MalformedError:
@@ -204,15 +243,45 @@ def _first_malformed(names: Sequence[str]) -> MalformedError:
     raise AssertionError("bulk entry-name validation refused a listing the reference parser accepts")
 
 
-def _bulk_match(names: Sequence[str]) -> list[tuple[str, str, str]]:
-    """Match every name, or raise :class:`MalformedError` naming the first bad one."""
-    if any("\n" in name for name in names):
-        raise _first_malformed(names)
-    joined = "\n".join(names)
-    matches: list[tuple[str, str, str]] = _NAME_LINES.findall(joined)
-    if len(matches) != len(names):
-        raise _first_malformed(names)
-    return matches
+def _chunks(names: Sequence[str]) -> Iterator[Sequence[str]]:
+    return (names[start : start + _CHUNK] for start in range(0, len(names), _CHUNK))
+
+
+def _bulk_match(names: Sequence[str]) -> str | None:
+    """Check the numbers and separators of every name (step 1); return the joined names, or ``None``."""
+    joined = _LISTING_SEP.join([*names, ""])
+    if not joined.isascii() or joined.count("\n") != len(names):
+        return None
+    if _LISTING.fullmatch(joined) is None and _listing_u64().fullmatch(joined) is None:
+        return None
+    return joined
+
+
+def _bulk_decode_saves(parts: Sequence[str]) -> str | None:
+    """Decode and check the base32 parts of matched names (steps 2 and 3); ``None`` if any is bad.
+
+    Returns the decoded rows: each save followed by NUL, ``\x01`` characters and a newline.
+    """
+    if not parts:
+        return ""
+    pieces = [""] * (2 * len(parts))
+    pieces[0::2] = parts
+    try:
+        # itemgetter looks all the pads up in one C loop (given one index, it returns the item itself).
+        pads = itemgetter(*map(len, parts))(_ROW_PADS)
+        pieces[1::2] = pads if len(parts) > 1 else [pads]
+        text = "".join(pieces)
+        value = int(text.translate(_B32_DIGITS), 32)
+    except (IndexError, ValueError):  # too long a part; not base32, or of an impossible length
+        return None
+    raw = value.to_bytes(len(text) * 5 // 8, "big")
+    if raw.count(b"\n") != len(parts):
+        return None
+    try:
+        rows = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return rows if _ROWS.fullmatch(rows) is not None else None
 
 
 def parse_entry_names(names: Sequence[str]) -> list[Entry]:
@@ -220,31 +289,107 @@ def parse_entry_names(names: Sequence[str]) -> list[Entry]:
 
     Raises :class:`MalformedError` naming the first name (in listing order) that does not parse.
     """
-    matches = _bulk_match(names)
-    saves = _bulk_decode_saves([m[2] for m in matches])
-    if saves is None:
-        raise _first_malformed(names)
-    return sort_entries(
-        Entry(int(epoch), int(step), save) for (epoch, step, _), save in zip(matches, saves, strict=True)
-    )
+    # Sort the names as strings once (see _ORDER), then decode them in that order, a chunk at a time.
+    keys: list[str] = []
+    for chunk in _chunks(names):
+        joined = _bulk_match(chunk)
+        if joined is None:
+            raise _first_malformed(names)
+        keys += joined.translate(_ORDER).split(_LISTING_SEP)
+        keys.pop()  # the empty string after the last separator
+    keys.sort()
+    entries: list[Entry] = []
+    for chunk in _chunks(keys):
+        fields = _LISTING_SEP.join(chunk).translate(_ORDER_BACK).split("-")
+        rows = _bulk_decode_saves(fields[2::3]) if len(fields) == 3 * len(chunk) else None
+        if rows is None:
+            raise _first_malformed(names)
+        saves = rows.replace("\x01", "").replace("\x00", "").split("\n")
+        saves.pop()  # the empty string after the last row
+        # int() skips the newline that starts every epoch but the first.
+        entries += _new_entries(map(int, fields[0::3]), map(int, fields[1::3]), saves)
+    return entries
 
 
 def latest_entry_name(names: Sequence[str]) -> Entry | None:
     """Validate a whole listing of ``pub/`` and return its greatest entry, or ``None`` when empty.
 
     Every name is validated (a bad one raises :class:`MalformedError`), but only the names that share the
-    greatest ``epoch-step`` prefix are turned into entries: fixed-width prefixes compare as strings in
-    numeric order, and only ties need the decoded saves.
+    greatest ``epoch-step`` prefix are compared further: fixed-width prefixes compare as strings in numeric
+    order, and only ties need their saves.
     """
-    if not names:
+    scan = LatestEntryScan()
+    for chunk in _chunks(names):
+        scan.add(chunk)
+    return scan.result()
+
+
+class LatestEntryScan:
+    """:func:`latest_entry_name` over a listing that arrives in chunks (a directory read, S3 pages).
+
+    ``add`` validates every name of a chunk completely, raising :class:`MalformedError` naming the chunk's
+    first bad name; ``result`` returns the greatest entry of all the chunks added, or ``None``. Feeding a
+    listing chunk by chunk gives the answer :func:`latest_entry_name` gives for the whole, without holding it.
+    """
+
+    __slots__ = ("_numbers", "_ties")
+
+    CHUNK = _CHUNK  # names per add() that suit it best (benchmarks/README.md)
+
+    def __init__(self) -> None:
+        self._numbers = ""  # the greatest "<epoch>-<step>" so far ...
+        self._ties: list[str] = []  # ... and every name that starts with it
+
+    def add(self, names: Sequence[str]) -> None:
+        """Validate ``names`` and fold them into the result."""
+        if not names:
+            return
+        joined = _bulk_match(names)
+        if joined is None or _bulk_decode_saves(list(map(_B32_PART, names))) is None:
+            raise _first_malformed(names)
+        top = max(names)
+        numbers = top[:_NUMBERS_LEN]
+        if numbers < self._numbers:
+            return
+        # Every name but the first follows a newline in the joined names.
+        if joined.count("\n" + numbers) + joined.startswith(numbers) > 1:
+            ties = [name for name in names if name.startswith(numbers)]
+        else:
+            ties = [top]
+        if numbers > self._numbers:
+            self._numbers, self._ties = numbers, ties
+        else:
+            self._ties += ties
+
+    def result(self) -> Entry | None:
+        """Return the greatest entry of the names added so far, or ``None`` when there were none."""
+        if len(self._ties) > 1:
+            # The saves decide: compare the names as _ORDER makes them sort.
+            best = max("\n".join(self._ties).translate(_ORDER).split("\n")).translate(_ORDER_BACK)
+            return parse_entry_name(best)
+        return parse_entry_name(self._ties[0]) if self._ties else None
+
+
+# Entries built in bulk skip Entry's validators: every field was validated above, in bulk, and the validators
+# would cost more than everything else (about 3 µs per entry). The slots are set with their descriptors, as
+# attrs' own __init__ does; if Entry ever changes shape, entries are built the ordinary way.
+def _entry_setters() -> tuple[Callable[[Entry, Any], None], ...] | None:
+    slots = ("epoch", "step", "save")
+    if tuple(a.name for a in attrs.fields(Entry)) != slots or any(
+        hasattr(Entry, hook) for hook in ("__attrs_pre_init__", "__attrs_post_init__")
+    ):
         return None
-    matches = _bulk_match(names)
-    saves = _bulk_decode_saves([m[2] for m in matches])
-    if saves is None:
-        raise _first_malformed(names)
-    top = max(names)[: _PREFIX_LEN - 1]
-    epoch, step = int(top[:20]), int(top[21:41])
-    best = max(
-        (save for name, save in zip(names, saves, strict=True) if name.startswith(top)),
-    )
-    return Entry(epoch, step, best)
+    setters = [getattr(Entry.__dict__.get(name), "__set__", None) for name in slots]
+    return tuple(s for s in setters if s is not None) if all(setters) else None
+
+
+_ENTRY_SETTERS = _entry_setters()
+
+
+def _new_entries(epochs: Iterable[int], steps: Iterable[int], saves: Sequence[str]) -> list[Entry]:
+    if _ENTRY_SETTERS is None:
+        return list(map(Entry, epochs, steps, saves))
+    entries: list[Entry] = list(map(object.__new__, repeat(Entry, len(saves))))
+    for setter, values in zip(_ENTRY_SETTERS, (epochs, steps, saves), strict=True):
+        deque(map(setter, entries, values), maxlen=0)
+    return entries

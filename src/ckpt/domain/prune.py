@@ -35,6 +35,16 @@ def _ancestors(path: str) -> Iterable[str]:
         end = path.rfind("/", 0, end)
 
 
+def _has_ancestor_in(path: str, paths: set[str]) -> bool:
+    """Return True when a proper ancestor of ``path`` is in ``paths`` (a loop: prune calls this per entry)."""
+    end = path.rfind("/")
+    while end > 0:
+        if path[:end] in paths:
+            return True
+        end = path.rfind("/", 0, end)
+    return False
+
+
 class Overlap:
     """Answers "does any of these saves overlap this folder?" in time linear in the folder's depth."""
 
@@ -56,7 +66,7 @@ class Overlap:
         """Return True when a save names ``folder``, a path inside it, or a path containing it."""
         if folder in self._saves or folder in self._containing:
             return True
-        return any(ancestor in self._saves for ancestor in _ancestors(folder))
+        return _has_ancestor_in(folder, self._saves)
 
 
 def overlaps(folder: str, entries: Iterable[Entry]) -> bool:
@@ -92,7 +102,7 @@ def plan_prune(entries: Iterable[Entry], keep: int) -> PrunePlan:
     cut = max(len(ordered) - keep, 0)
     remove, kept = ordered[:cut], ordered[cut:]
     needed = Overlap(e.save for e in kept)
-    candidates = {e.save for e in remove if not needed(e.save)}
+    candidates = {save for save in {e.save for e in remove} if not needed(save)}
     # Drop a candidate whose ancestor is also a candidate: the outer removal takes it along.
-    folders = sorted(c for c in candidates if not any(a in candidates for a in _ancestors(c)))
+    folders = sorted(c for c in candidates if not _has_ancestor_in(c, candidates))
     return PrunePlan(keep=tuple(kept), remove=tuple(remove), folders=tuple(folders))
