@@ -465,6 +465,24 @@ class TestWatch:
         assert created == []
         assert 0.3 <= time.monotonic() - started < 1.5
 
+    def test_drain_publishes_a_save_a_slow_scan_looked_at_early(self, tmp_path: Path) -> None:
+        """A settled save whose look ended past the drain deadline is looked at again, not dropped."""
+
+        class SlowListing(PosixStore):
+            __slots__ = ()
+
+            def files(self, location: str) -> list[FileInfo]:
+                if location.endswith("checkpoint-6"):
+                    time.sleep(0.25)  # a big save: its listing takes a while
+                return super().files(location)
+
+        for step in (5, 6):
+            write_hf_save(tmp_path / EXEC / f"checkpoint-{step}", step)
+        stop = threading.Event()
+        stop.set()  # what --once does
+        created = watcher(SlowListing(str(tmp_path)), interval=0.3, settle=0.3).watch(stop)
+        assert steps(created) == [5, 6]
+
     def test_once_waits_for_settle_then_publishes(self, harness: Harness) -> None:
         """A watch whose stop is already set (``--once``) scans, waits the settle time, and publishes."""
         harness.make_save(f"{EXEC}/checkpoint-5", {"trainer_state.json": STATE})

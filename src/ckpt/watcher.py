@@ -256,11 +256,15 @@ class Watcher:
             stop.wait(max(0.0, started + self.interval - self.clock()))
         deadline = self.clock() + self.settle
         pause = threading.Event()  # never set: a sleep that a signal handler can interrupt and resume
-        while True:
+        # Drain: while some save is settling, scan again; stop after a scan that *started* at or after the
+        # deadline. Stopping on the clock after the scan instead would drop a save that a slow scan looked at
+        # just before its settle point (the look is what decides, not when the scan ended).
+        while started < deadline:
             soonest = self._earliest_settled()
-            now = self.clock()
-            if soonest is None or now >= deadline:
+            if soonest is None:
                 break
+            now = self.clock()
             pause.wait(max(0.0, min(deadline, now + self.interval, soonest) - now))
+            started = self.clock()
             created += self._timed_scan()
         return created
