@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
             return 1
         return _run(py, "-m", "pytest", "-m", "fuzz")
     if command == "bench":
-        ensure_venv("test")
+        ensure_venv("test,bench")
         return _run(os.path.join(BIN, "python"), "benchmarks/run.py", *rest)
     print(__doc__)
     return 2

@@ -1,8 +1,9 @@
-"""The benchmark table: ``resolve``, ``entries``, ``plan_prune`` and ``ckpt resolve`` beside their floors.
+"""The benchmark table: ckpt on POSIX and S3, its watcher, and its peers, each beside a floor or a target.
 
-    .venv/bin/python benchmarks/run.py                # the full table (about a minute)
+    .venv/bin/python benchmarks/run.py                # the full table (a few minutes)
     .venv/bin/python benchmarks/run.py --quick        # 1k and 10k entries, fewer repetitions
     .venv/bin/python benchmarks/run.py --out FILE.md  # also write the table as Markdown
+    .venv/bin/python benchmarks/run.py --report       # benchmarks/out/report.md, with plots (matplotlib)
 
 Every timed thing runs beside its baseline in the same run, interleaved round by round, so that a busy
 machine slows both alike; the table reports the best round (in-process timings) or the median (whole
@@ -11,7 +12,8 @@ cannot run at all. benchmarks/README.md says what each row measures.
 
 Adding rows: write a function that takes a :class:`Context` and returns a list of :class:`Row`, decorated
 with ``@benchmark("name")``, either here or in a module ``benchmarks/bench_<topic>.py`` (imported
-automatically; it can ``from run import Context, Row, benchmark, best_of, median``).
+automatically; it can ``from run import Context, Row, benchmark, best_of, median``). A benchmark that has
+a picture to show adds points to ``ctx.chart(...)``; ``--report`` draws every chart as a PNG.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import math
 import os
 import platform
 import re
@@ -29,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -62,8 +66,29 @@ class Row:
     @property
     def result(self) -> str:
         if self.passed is None:
+            if self.note.startswith("error"):
+                return "ERROR"
             return "SKIP" if self.note.startswith("skipped") else "info"
         return "PASS" if self.passed else "FAIL"
+
+
+@dataclass
+class Chart:
+    """A log-log plot for the report: named series of (x, y) points, drawn by ``--report``."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    series: dict[str, dict[float, float]] = field(default_factory=dict)
+    styles: dict[str, dict[str, object]] = field(default_factory=dict)  # label -> matplotlib line options
+
+    def add(self, label: str, x: float, y: float, **style: object) -> None:
+        """Add the point (``x``, ``y``) to the series ``label`` (a later point at the same x replaces it).
+
+        ``style`` (``linestyle="--"``, ``color="grey"``) is passed to matplotlib for the series' line.
+        """
+        self.series.setdefault(label, {})[x] = y
+        self.styles.setdefault(label, {}).update(style)
 
 
 @dataclass
@@ -76,6 +101,7 @@ class Context:
     clock: str = "wall"  # or "cpu" (this process's CPU time, or its children's): steadier on a busy machine
     python: str = sys.executable
     roots: dict[int, Path] = field(default_factory=dict)
+    charts: dict[str, Chart] = field(default_factory=dict)
 
     def root(self, size: int) -> Path:
         """A checkpoint root whose pub/ holds ``size`` entries, made once per run."""
@@ -88,6 +114,12 @@ class Context:
         if self.quick:
             return 3
         return 15 if size <= 10_000 else 7
+
+    def chart(self, name: str, title: str, xlabel: str, ylabel: str) -> Chart:
+        """The chart ``name`` (made on first use); ``--report`` draws it as ``<name>.png``."""
+        if name not in self.charts:
+            self.charts[name] = Chart(title, xlabel, ylabel)
+        return self.charts[name]
 
 
 Benchmark = Callable[[Context], list[Row]]
@@ -117,10 +149,17 @@ CHILD_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu"
 
 
 def interleaved(
-    fns: Sequence[Callable[[], object]], rounds: int, clock: Callable[[], float] = time.perf_counter
+    fns: Sequence[Callable[[], object]],
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
+    *,
+    warm_up: bool = True,
 ) -> list[list[float]]:
-    """Run ``fns`` once each to warm up, then ``rounds`` times in turn; return each one's times in seconds."""
-    for fn in fns:
+    """Run ``fns`` once each to warm up, then ``rounds`` times in turn; return each one's times in seconds.
+
+    ``warm_up=False`` skips the first, untimed run (for calls that take seconds and are already warm).
+    """
+    for fn in fns if warm_up else ():
         fn()
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
@@ -446,10 +485,144 @@ def scratch_folder() -> Iterator[Path]:
         yield Path(folder)
 
 
+def run_benchmark(name: str, ctx: Context) -> list[Row]:
+    """Run one benchmark; a benchmark that fails becomes one ERROR row, and the others still run."""
+    print(f"running {name} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    try:
+        rows = REGISTRY[name](ctx)
+    except Exception as exc:
+        traceback.print_exc()
+        why = (str(exc).strip().splitlines() or [""])[0]
+        rows = [Row(name, "-", "-", note=f"error: {type(exc).__name__}: {why}")]
+    print(f"  {name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+# -- the report ----------------------------------------------------------------------------------------------
+
+REPORT_NAME = "report.md"
+MATPLOTLIB_MISSING = (
+    "Plots skipped: matplotlib is missing. The `bench` extra installs it: "
+    "`.venv/bin/pip install -e '.[bench]'`."
+)
+
+
+def _size_tick(x: float) -> str:
+    return f"{x / 1000:g}k" if x >= 1000 else f"{x:g}"
+
+
+def _time_tick(y: float) -> str:
+    return f"{y * 1e3:g} ms" if y < 1 else f"{y:g} s"
+
+
+def _spread(values: list[float], gap: float) -> list[float]:
+    """Move sorted ``values`` up so that neighbours are at least ``gap`` apart (labels would overlap)."""
+    out: list[float] = []
+    for value in values:
+        out.append(max(value, out[-1] + gap) if out else value)
+    return out
+
+
+def draw_charts(charts: dict[str, Chart], folder: Path) -> list[str]:
+    """Draw each chart as ``<name>.png`` in ``folder``; return the report's lines that show them.
+
+    matplotlib is imported here, and only here: without it the report says the plots were skipped.
+    """
+    drawable = {n: c for n, c in charts.items() if any(len(points) > 1 for points in c.series.values())}
+    if not drawable:
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+    except ImportError:
+        return [MATPLOTLIB_MISSING, ""]
+    lines: list[str] = []
+    for name, chart in drawable.items():
+        fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+        # Series drawn (and listed in the legend) from the slowest at the largest x down.
+        ordered = sorted(chart.series.items(), key=lambda item: -item[1][max(item[1])])
+        xs = sorted({x for _, points in ordered for x in points})
+        ys = [y for _, points in ordered for y in points.values()]
+        decades = math.log10(max(ys) / min(ys)) if min(ys) > 0 else 1.0
+        ends: list[tuple[float, str, str]] = []
+        for label, points in ordered:
+            x = sorted(points)
+            style = {"marker": "o", "linewidth": 1.8, **chart.styles.get(label, {})}
+            (line,) = ax.plot(x, [points[k] for k in x], label=label, **style)
+            ends.append((math.log10(points[x[-1]]), ms(points[x[-1]]), line.get_color()))
+        # Value labels right of the last points, nudged apart where they would overlap.
+        ends.sort()
+        for (_, text, color), place in zip(ends, _spread([e[0] for e in ends], 0.045 * decades), strict=True):
+            ax.annotate(text, (xs[-1] * 1.12, 10**place), va="center", fontsize=8, color=color)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(xs)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _size_tick(x)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _time_tick(y)))
+        ax.set_xlim(xs[0] / 1.5, xs[-1] * 2.2)  # room for the value labels on the right
+        ax.set_ylim(min(ys) / 1.5, max(ys) * 1.8)
+        ax.set_title(chart.title, fontsize=11)
+        ax.set_xlabel(chart.xlabel)
+        ax.set_ylabel(chart.ylabel)
+        ax.grid(True, which="major", alpha=0.4)
+        ax.grid(True, which="minor", alpha=0.15)
+        ax.legend(fontsize=9, loc="upper left")
+        fig.tight_layout()
+        fig.savefig(folder / f"{name}.png")
+        plt.close(fig)
+        lines += [f"![{chart.title}]({name}.png)", ""]
+    return lines
+
+
+def report(header: Sequence[str], rows: Sequence[Row], charts: dict[str, Chart], folder: Path) -> Path:
+    """Write ``folder/report.md`` (machine, a verdict per target, every row, plots); return its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    results = [row.result for row in rows]
+    kinds = ("PASS", "FAIL", "ERROR", "SKIP", "info")
+    counts = ", ".join(f"{results.count(kind)} {kind}" for kind in kinds if kind in results)
+    judged = [row for row in rows if row.passed is not None or row.result in {"ERROR", "SKIP"}]
+    verdicts = [(row.result, row.benchmark, row.size, row.measured, row.target) for row in judged]
+    lines = [
+        "# ckpt benchmark report",
+        "",
+        *header,
+        f"- results: {counts}",
+        "",
+        "## Targets",
+        "",
+        "| result | benchmark | size | measured | target |",
+        "|---|---|---|---|---|",
+        *("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |" for cells in verdicts),
+        "",
+        "## Every row",
+        "",
+        *markdown(rows),
+        "",
+    ]
+    plots = draw_charts(charts, folder)
+    if plots:
+        lines += ["## Plots", "", *plots]
+    path = folder / REPORT_NAME
+    path.write_text("\n".join(lines).rstrip("\n") + "\n")
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1k and 10k entries, fewer repetitions")
     parser.add_argument("--out", metavar="FILE", help="also write the table as Markdown to FILE")
+    parser.add_argument(
+        "--report",
+        nargs="?",
+        const=str(HERE / "out"),
+        metavar="DIR",
+        help="write DIR/report.md with every row, PASS/FAIL and plots (default DIR: benchmarks/out/)",
+    )
     parser.add_argument("--sizes", help="comma-separated listing sizes (default 1000,10000,100000)")
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this benchmark (repeats)")
     parser.add_argument(
@@ -473,26 +646,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     with scratch_folder() as scratch:
         ctx = Context(quick=args.quick, sizes=sizes, scratch=scratch, clock=args.clock)
         for name in selected:
-            print(f"running {name} ...", file=sys.stderr, flush=True)
-            rows.extend(REGISTRY[name](ctx))
+            rows.extend(run_benchmark(name, ctx))
         info = machine_info(scratch, load_before)
-    lines = [
-        "# ckpt benchmarks",
-        "",
+    header = [
         *info,
         (
             f"- run: {'--quick' if args.quick else 'full'}, sizes {', '.join(map(str, sizes))}, "
             f"{time.perf_counter() - started:.0f} s; {args.clock} clock; in-process rows: best of "
             "interleaved rounds, warm cache; process rows: median of interleaved runs"
         ),
-        "",
-        *markdown(rows),
     ]
+    lines = ["# ckpt benchmarks", "", *header, "", *markdown(rows)]
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
+    if args.report:
+        path = report(header, rows, ctx.charts, Path(args.report))
+        print(f"report: {path}", file=sys.stderr)
     return 0
 
 

@@ -79,12 +79,22 @@ def _why_not(store: WatchStore, framework: Framework, entry: Entry) -> str | Non
 def resolve_verified(store: WatchStore, framework: Framework) -> Verified:
     """Return the newest entry whose save still exists and is complete under ``framework``'s markers.
 
-    Entries are read once (``MalformedError`` for a bad name in ``pub/``, as ``entries`` does); then, from
-    the greatest down, each save is checked until one passes. The entries passed over come back in
-    ``skipped`` with their reasons, for the caller to report (``ckpt: skipped <location>: <reason>``).
+    The usual case costs one ``resolve`` and the newest save's markers: when the greatest entry passes, the
+    log is not read again. Otherwise entries are read once (``MalformedError`` for a bad name in ``pub/``,
+    as ``entries`` does) and, from the greatest down, each save is checked until one passes. The entries
+    passed over come back in ``skipped`` with their reasons, for the caller to report
+    (``ckpt: skipped <location>: <reason>``).
     """
-    skipped: list[tuple[Entry, str]] = []
+    newest = store.resolve()
+    if newest is None:
+        return Verified(None, ())
+    reason = _why_not(store, framework, newest)
+    if reason is None:
+        return Verified(newest, ())
+    skipped: list[tuple[Entry, str]] = [(newest, reason)]
     for entry in reversed(store.entries()):
+        if entry == newest:
+            continue
         reason = _why_not(store, framework, entry)
         if reason is None:
             return Verified(entry, tuple(skipped))
