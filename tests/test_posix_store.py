@@ -8,10 +8,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ckpt.adapters.posix import PosixStore
+from ckpt.adapters.posix import PosixStore, Syscalls
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError
 from ckpt.domain.names import format_entry_name
@@ -245,3 +246,37 @@ class TestDurability:
         )
         calls = [line for line in log.read_text().splitlines() if "fsync(" in line and "= 0" in line]
         assert len(calls) == 3, calls
+
+
+class _Vanishing(Syscalls):
+    """Real system calls, except that chosen paths vanish between the listing and the look at them."""
+
+    def __init__(self, gone_on_lstat: str, gone_on_scandir: str) -> None:
+        self.gone_on_lstat = gone_on_lstat
+        self.gone_on_scandir = gone_on_scandir
+
+    def lstat(self, path: str, *, dir_fd: int | None = None) -> os.stat_result:
+        if path.endswith(self.gone_on_lstat):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return super().lstat(path, dir_fd=dir_fd)
+
+    def scandir(self, path: str | int) -> Any:
+        if isinstance(path, str) and path.endswith(self.gone_on_scandir):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return super().scandir(path)
+
+
+class TestFilesWhileTheSaveChanges:
+    def test_a_file_or_folder_vanishing_mid_listing_is_left_out_not_everything(self, root: Path) -> None:
+        """files() skips what vanished mid-walk; an empty listing would let a changing save 'settle'."""
+        save = make_save(root, "exec/a/checkpoint-5")
+        (Path(save) / "trainer_state.json").write_bytes(b"{}")
+        (Path(save) / "rng_state_1.pth.tmp").write_bytes(b"xx")
+        (Path(save) / "staged").mkdir()
+        (Path(save) / "staged" / "shard.bin").write_bytes(b"yyy")
+        store = PosixStore(str(root), syscalls=_Vanishing("rng_state_1.pth.tmp", "/staged"))
+        assert [(f.path, f.size) for f in store.files(save)] == [("model.bin", 7), ("trainer_state.json", 2)]
+
+    def test_a_save_that_is_gone_has_no_files(self, root: Path) -> None:
+        """A save folder that no longer exists lists as empty."""
+        assert PosixStore(str(root)).files(str(root / "exec/a/missing")) == []
