@@ -21,11 +21,13 @@ What it does:
   (``s3.unresolvable.test``), which proves a client reached the target through the proxy and no other way.
 * :attr:`ForwardProxy.rules`, a list of :class:`Rule` objects, runs in order on every request after
   authentication. A rule may rewrite the request (:class:`StripRequestHeader`) or decide its fate:
-  answer instead of forwarding (:class:`Respond`, :func:`slow_down`), drop the connection before or after
-  forwarding (:class:`DropConnection`), wait first (:class:`Delay`), or cut the response body short
-  (:class:`TruncateResponse`). Each rule takes a :class:`Match` saying which requests, and how many, it
-  applies to. For CONNECT, only answering, dropping before forwarding and delaying apply: a tunnel's bytes
-  are opaque.
+  answer instead of forwarding (:class:`Respond`, :func:`slow_down`, :func:`internal_error`), or forward
+  and then answer with an error all the same (``after_forwarding=True``: the server applied the request,
+  the client sees a failure), drop the connection before or after forwarding (:class:`DropConnection`),
+  wait first (:class:`Delay`), or cut the response body short (:class:`TruncateResponse`). Each rule takes
+  a :class:`Match` saying which requests, and how many, it applies to (the n-th one, every n-th one, the
+  first few). For CONNECT, only answering (at once), dropping before forwarding and delaying apply: a
+  tunnel's bytes are opaque.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ __all__ = [
     "Rule",
     "StripRequestHeader",
     "TruncateResponse",
+    "internal_error",
     "slow_down",
 ]
 
@@ -85,9 +88,11 @@ class RecordedRequest:
     """One request as the proxy received it.
 
     ``outcome`` is one of ``"forwarded"``, ``"tunnelled"``, ``"replied"`` (a rule answered),
+    ``"replied-after-forwarding"`` (the target answered, a rule's answer replaced it),
     ``"dropped"`` (before forwarding), ``"dropped-after-forwarding"``, ``"truncated"``, ``"refused"``
     (not loopback, or unknown name), ``"unreachable"`` (loopback target not listening),
-    ``"unauthorized"`` and ``"rejected"`` (not a proxy request).
+    ``"unauthorized"`` and ``"rejected"`` (not a proxy request). ``received_at`` comes before the target
+    could have seen the request, so whatever the request did at the target happened after it.
     """
 
     method: str
@@ -97,6 +102,7 @@ class RecordedRequest:
     headers: tuple[tuple[str, str], ...]
     proxy_authorization: bool
     outcome: str
+    received_at: float = 0.0  # time.time() when the proxy began handling it (before any rule's delay)
 
     @property
     def target(self) -> str:
@@ -119,20 +125,22 @@ class Drop(enum.Enum):
 
 @dataclass(frozen=True)
 class Reply:
-    """A canned answer a rule gives instead of forwarding."""
+    """A canned answer a rule gives instead of forwarding, or instead of the target's answer."""
 
     status: int
     body: bytes = b""
     headers: tuple[tuple[str, str], ...] = ()
+    after_forwarding: bool = False
 
 
 @dataclass
 class Exchange:
     """One request on its way through the proxy. Rules may edit ``headers`` and ``body`` and set decisions.
 
-    Decisions, applied in this order: ``delay`` seconds of sleep; ``reply`` answers without forwarding;
-    ``drop`` closes the connection (before or after forwarding); ``truncate_to`` relays at most that many
-    bytes of the response body, then closes.
+    Decisions, applied in this order: ``delay`` seconds of sleep; ``reply`` answers without forwarding
+    (or, when it is ``after_forwarding``, once the target has answered); ``drop`` closes the connection
+    (before or after forwarding); ``truncate_to`` relays at most that many bytes of the response body, then
+    closes.
     """
 
     method: str
@@ -166,8 +174,11 @@ class Rule(Protocol):
 
 @dataclass
 class Match:
-    """Which requests a rule applies to: all criteria given must hold; ``times`` caps how many.
+    """Which requests a rule applies to: all criteria given must hold; then ``skip``, ``every``, ``times``.
 
+    Among the requests meeting the criteria (counted in ``seen``), the first ``skip`` are left alone; of
+    the rest, every ``every``-th one is taken (``None``: each one), at most ``times`` in all. So
+    ``Match(skip=k - 1, times=1)`` is the k-th request and ``Match(every=3)`` the 3rd, 6th, 9th...
     ``hits`` counts the requests the rule was applied to, so tests can check a fault actually fired.
     Not thread-safe by itself: the proxy applies rules under its lock.
     """
@@ -177,7 +188,10 @@ class Match:
     path_prefix: str | None = None
     header: str | None = None
     times: int | None = None
+    skip: int = 0
+    every: int | None = None
     hits: int = field(default=0, init=False)
+    seen: int = field(default=0, init=False)
 
     def take(self, exchange: Exchange) -> bool:
         """Return whether the rule applies to ``exchange``, and count it if so."""
@@ -190,6 +204,11 @@ class Match:
         if self.path_prefix is not None and not exchange.path.startswith(self.path_prefix):
             return False
         if self.header is not None and exchange.header(self.header) is None:
+            return False
+        self.seen += 1
+        if self.seen <= self.skip:
+            return False
+        if self.every is not None and (self.seen - self.skip) % self.every != 0:
             return False
         self.hits += 1
         return True
@@ -209,26 +228,40 @@ class StripRequestHeader:
 
 @dataclass
 class Respond:
-    """Answer with a canned response instead of forwarding."""
+    """Answer with a canned response instead of forwarding.
+
+    With ``after_forwarding``, the request is forwarded first and the target's answer thrown away: the
+    server applied the request, and the client is told it failed (S3's "InternalError after commit").
+    """
 
     status: int
     body: bytes = b""
     headers: tuple[tuple[str, str], ...] = ()
     when: Match = field(default_factory=Match)
+    after_forwarding: bool = False
 
     def apply(self, exchange: Exchange) -> None:
         if exchange.reply is None and self.when.take(exchange):
-            exchange.reply = Reply(self.status, self.body, self.headers)
+            exchange.reply = Reply(self.status, self.body, self.headers, self.after_forwarding)
 
 
-def slow_down(when: Match | None = None) -> Respond:
+def _s3_error(code: str, message: str) -> bytes:
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+        "<RequestId>forward-proxy</RequestId></Error>"
+    ).encode()
+
+
+def slow_down(when: Match | None = None, *, after_forwarding: bool = False) -> Respond:
     """A rule answering S3's ``503 SlowDown`` error (the throttling answer clients must retry)."""
-    body = (
-        b'<?xml version="1.0" encoding="UTF-8"?>\n'
-        b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message>"
-        b"<RequestId>forward-proxy</RequestId></Error>"
-    )
-    return Respond(503, body, (("Content-Type", "application/xml"),), when or Match())
+    body = _s3_error("SlowDown", "Please reduce your request rate.")
+    return Respond(503, body, (("Content-Type", "application/xml"),), when or Match(), after_forwarding)
+
+
+def internal_error(when: Match | None = None, *, after_forwarding: bool = False) -> Respond:
+    """A rule answering S3's ``500 InternalError`` (which S3 documents as "retry the request")."""
+    body = _s3_error("InternalError", "We encountered an internal error. Please try again.")
+    return Respond(500, body, (("Content-Type", "application/xml"),), when or Match(), after_forwarding)
 
 
 @dataclass
@@ -439,6 +472,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30
     server: _ProxyServer
+    _received_at = 0.0  # when the request now being served arrived (set per request)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass
@@ -471,6 +505,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     # -- the two kinds of proxy request -----------------------------------------------------------------
 
     def _forward(self) -> None:
+        self._received_at = time.time()
         proxy = self.server.proxy
         parts = urlsplit(self.path)
         if parts.scheme.lower() != "http" or not parts.hostname:
@@ -489,9 +524,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         proxy._apply_rules(exchange)
         if exchange.delay:
             time.sleep(exchange.delay)
-        if exchange.reply is not None:
+        reply = exchange.reply
+        if reply is not None and not reply.after_forwarding:
             self._record(host, port, path, "replied")
-            self._send(exchange.reply.status, exchange.reply.headers, exchange.reply.body)
+            self._send(reply.status, reply.headers, reply.body)
             return
         if exchange.drop is Drop.BEFORE_FORWARDING:
             self._record(host, port, path, "dropped")
@@ -503,6 +539,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         except _RefusedError as refused:
             self._record_and_reply(host, port, refused.outcome, refused.status, str(refused).encode(), path)
             return
+        if reply is not None:
+            self._record(host, port, path, "replied-after-forwarding")
+            self._send(reply.status, reply.headers, reply.body)
+            return
         if exchange.drop is Drop.AFTER_FORWARDING:
             self._record(host, port, path, "dropped-after-forwarding")
             self._hang_up()
@@ -512,6 +552,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self._relay(status, reason, headers, data, exchange.truncate_to if truncated else None)
 
     def _tunnel(self) -> None:
+        self._received_at = time.time()
         proxy = self.server.proxy
         host, _, port_text = self.path.rpartition(":")
         host = host.strip("[]")
@@ -663,6 +704,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 ),
                 proxy_authorization="Proxy-Authorization" in self.headers,
                 outcome=outcome,
+                received_at=self._received_at,
             )
         )
 

@@ -33,6 +33,10 @@ Rules this adapter keeps:
    configuration with region, endpoint, retries, proxies and CA bundle all explicit, so neither the ambient
    ``AWS_*`` variables nor ``~/.aws/config`` can redirect a signed request. botocore's debug logging is never
    switched on here.
+6. Retries are botocore's (standard mode, ``max_attempts`` in total) for every request whose answer fails:
+   5xx, throttling, a dropped connection, a read timeout, an answer cut short. The one answer botocore cannot
+   retry is a ``GetObject`` body, read after the call has returned, so ``read_file`` sends the request again
+   itself when the body breaks off (``_BODY_ATTEMPTS`` in all).
 """
 
 from __future__ import annotations
@@ -90,6 +94,8 @@ _DEFAULT_REGION = "us-east-1"
 _CONFLICT_ATTEMPTS = 4
 _CONFLICT_BACKOFF_SECONDS = 0.1  # doubled after every conflict: 0.1, 0.2, 0.4
 _MAX_KEYS_IN_MESSAGE = 10
+# A GetObject whose body breaks off mid-stream is sent again, this many times in all (module rule 6).
+_BODY_ATTEMPTS = 3
 
 _PRECONDITION_FAILED = "PreconditionFailed"
 _CONDITIONAL_CONFLICT = "ConditionalRequestConflict"
@@ -315,8 +321,13 @@ def _translate_botocore_error(exc: Any, errors: Any, action: str, location: str)
     if any(isinstance(exc, getattr(errors, n, ())) for n in _CREDENTIAL_ERRORS):
         return CredentialsError(f"{prefix}: no usable S3 credentials ({name})", source=None)
     if isinstance(exc, errors.ProxyConnectionError):
+        # urllib3 reports any failure on a plain-HTTP proxied connection this way, a connection the proxy
+        # dropped mid-request as well as one it refused: say both.
         proxy = _endpoint_of(kwargs.get("proxy_url"))
-        return StorageError(f"{prefix}: cannot connect to the proxy {proxy} ({name})", location=location)
+        return StorageError(
+            f"{prefix}: cannot connect to the proxy {proxy}, or it closed the connection ({name})",
+            location=location,
+        )
     endpoint = _endpoint_of(kwargs.get("endpoint_url"))
     if isinstance(exc, errors.SSLError):
         # The TLS reason (such as CERTIFICATE_VERIFY_FAILED) is what an operator needs; it holds no secret.
@@ -330,6 +341,8 @@ def _translate_botocore_error(exc: Any, errors: Any, action: str, location: str)
         why = f"cannot connect to {endpoint}"
     elif isinstance(exc, errors.ConnectionClosedError):
         why = f"{endpoint} closed the connection"
+    elif isinstance(exc, errors.ResponseStreamingError | errors.IncompleteReadError):
+        why = "the storage's answer was cut short"
     elif isinstance(exc, errors.ParamValidationError):
         why = "botocore refused the request parameters"
     else:
@@ -668,22 +681,33 @@ class S3Store:
         return found
 
     def read_file(self, save_location: str, name: str) -> bytes | None:
-        """Return the content of ``name`` inside the save, or ``None`` when there is no such object."""
+        """Return the content of ``name`` inside the save, or ``None`` when there is no such object.
+
+        A body that breaks off mid-stream is asked for again (module rule 6).
+        """
         key = self._key(self.save_of(save_location)) + "/" + name
         errors = _botocore_errors()
         with self._errors("read", self._url(key)):
-            try:
-                answer = self._client.get_object(Bucket=self._root.bucket, Key=key)
-            except errors.ClientError as exc:
-                if _client_error_code(exc)[0] in _MISSING_OBJECT_CODES:
-                    return None
-                raise
-            body = answer["Body"]
-            try:
-                data: bytes = body.read()
-            finally:
-                body.close()
-        return data
+            for attempt in range(1, _BODY_ATTEMPTS + 1):
+                try:
+                    answer = self._client.get_object(Bucket=self._root.bucket, Key=key)
+                except errors.ClientError as exc:
+                    if _client_error_code(exc)[0] in _MISSING_OBJECT_CODES:
+                        return None
+                    raise
+                body = answer["Body"]
+                try:
+                    data: bytes = body.read()
+                except (errors.HTTPClientError, errors.IncompleteReadError):
+                    # The body broke off (cut short, connection reset, read timeout): botocore cannot retry
+                    # a body it already handed over, so the request is sent again (module rule 6).
+                    if attempt == _BODY_ATTEMPTS:
+                        raise
+                else:
+                    return data
+                finally:
+                    body.close()
+        raise AssertionError("unreachable: the last failed attempt raises")
 
     def exists(self, save_location: str, name: str) -> bool:
         """Return True when the object ``name`` exists inside the save (one ``HeadObject``)."""
