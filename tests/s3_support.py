@@ -15,6 +15,7 @@ request log); they never patch our own code. Nothing here sends a request anywhe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -150,15 +151,18 @@ def _wait_until_answering(url: str, process: subprocess.Popen[bytes], log: Path)
     raise RuntimeError(f"moto server did not answer at {url} within {_SERVER_START_SECONDS}s")
 
 
-@pytest.fixture(scope="session")
-def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start ``python -m moto.server`` on a free loopback port for the session; yield its endpoint URL."""
+@contextlib.contextmanager
+def serve_moto(log: Path, *, module: str = "moto.server", cwd: str | None = None) -> Iterator[str]:
+    """Run ``python -m <module> -H 127.0.0.1 -p <free port>`` until the ``with`` ends; yield its endpoint URL.
+
+    The server's output goes to ``log`` (shown if it fails to start); it is terminated, then killed, at exit.
+    """
     port = free_port()
-    log = tmp_path_factory.mktemp("moto-server") / "server.log"
     endpoint = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", module, "-H", "127.0.0.1", "-p", str(port)],
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
@@ -173,6 +177,13 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Start ``python -m moto.server`` on a free loopback port for the session; yield its endpoint URL."""
+    with serve_moto(tmp_path_factory.mktemp("moto-server") / "server.log") as endpoint:
+        yield endpoint
 
 
 # -- the harness -----------------------------------------------------------------------------------------

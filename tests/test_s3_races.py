@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
-import os
 import random
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,7 @@ import pytest
 from ckpt.adapters.s3 import S3Store
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name
-from s3_support import _wait_until_answering, free_port, new_bucket_name, raw_client
+from s3_support import new_bucket_name, raw_client, serve_moto
 from support.s3_processes import (
     SAVE_FILES,
     PruneJob,
@@ -52,28 +49,9 @@ PROCESS_SECONDS = 120  # the most any child may take; a hung child fails the tes
 @pytest.fixture(scope="module")
 def atomic_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """moto's server with atomic conditional puts on a free loopback port, for this module."""
-    port = free_port()
     log = tmp_path_factory.mktemp("atomic-moto") / "server.log"
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "support.atomic_moto_server", "-H", "127.0.0.1", "-p", str(port)],
-            cwd=TESTS,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_answering(f"{endpoint}/moto-api/", process, log)
+    with serve_moto(log, module="support.atomic_moto_server", cwd=TESTS) as endpoint:
         yield endpoint
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class Bucket:
