@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,3 +41,18 @@ HARNESS_FACTORIES.update(S3_HARNESS_FACTORIES)
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     """One fresh store per implementation."""
     yield from HARNESS_FACTORIES[request.param](request, tmp_path)
+
+
+@pytest.fixture
+def tmpfs_path(tmp_path: Path) -> Iterator[Path]:
+    """A fresh folder on tmpfs (/dev/shm) where there is one, else ``tmp_path``.
+
+    For tests that create 100,000 files or make thousands of fsync calls and check nothing a disk does: on
+    tmpfs they take seconds instead of half a minute.
+    """
+    shm = "/dev/shm"
+    if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(dir=shm, prefix="ckpt-test-") as folder:
+        yield Path(folder)

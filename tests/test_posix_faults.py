@@ -18,8 +18,6 @@ import errno
 import os
 import re
 import stat
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -77,18 +75,9 @@ def assert_names(error: BaseException, *paths: str, err: int) -> None:
 
 
 @pytest.fixture
-def scratch(tmp_path: Path) -> Iterator[Path]:
-    """A fresh folder on tmpfs (/dev/shm) where there is one, else under tmp_path.
-
-    These tests make thousands of real fsync calls and check nothing a real fsync does (they fail it), so a
-    file system where fsync costs nothing keeps them at a few seconds instead of half a minute.
-    """
-    shm = "/dev/shm"
-    if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
-        yield tmp_path
-        return
-    with tempfile.TemporaryDirectory(dir=shm, prefix="ckpt-faults-") as folder:
-        yield Path(folder)
+def scratch(tmpfs_path: Path) -> Path:
+    """Scratch space on tmpfs: these tests make many real fsync calls and check nothing fsync does."""
+    return tmpfs_path
 
 
 @pytest.fixture

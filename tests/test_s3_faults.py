@@ -35,6 +35,7 @@ buckets and waits for late requests to land before it judges.
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -200,7 +201,7 @@ class Snapshot:
 # -- the writing operations, each with what success means and what a failure may leave --------------------
 
 
-class Scenario:
+class Scenario(abc.ABC):
     """One operation on a fresh world: arrange it, run it, judge the outcome, recover, check the end state.
 
     ``judge`` gets the result, or the ``CkptError`` the operation raised (already checked to be a clear
@@ -210,20 +211,20 @@ class Scenario:
     name = "?"
     every_request = False  # sweep every request, not only the writing ones
 
-    def arrange(self, world: World) -> None:
+    def arrange(self, world: World) -> None:  # noqa: B027 - optional hook: most scenarios start empty
         """Put the objects and entries the operation starts from."""
 
+    @abc.abstractmethod
     def run(self, world: World) -> Any:
         """Run the operation through the faulty store."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def judge(self, world: World, outcome: Any, *, landed_put: bool) -> None:
         """Check the outcome and the durable state right after the run."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def recover(self, world: World) -> None:
         """Run again with no fault and check that the end state is what a fault-free run gives."""
-        raise NotImplementedError
 
 
 class Publish(Scenario):
