@@ -56,3 +56,11 @@ def tmpfs_path(tmp_path: Path) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(dir=shm, prefix="ckpt-test-") as folder:
         yield Path(folder)
+
+
+@pytest.fixture
+def tmpfs_root(tmpfs_path: Path) -> Path:
+    """An empty checkpoint root, ``root/`` inside :func:`tmpfs_path`."""
+    root = tmpfs_path / "root"
+    root.mkdir()
+    return root

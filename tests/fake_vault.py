@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 __all__ = ["Answer", "FakeVault", "RecordedRequest", "RecordingServer", "RelayServer"]
@@ -148,8 +148,6 @@ class RecordingServer:
         self.host = host
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
-        self._stack: Any = None
-        self.port = 0
 
     def _respond(self, request: RecordedRequest) -> Answer:
         with self._lock:
@@ -180,7 +178,30 @@ _HOP_BY_HOP = {
 }
 
 
-class RelayServer:
+class _LoopbackServer:
+    """Serves ``_respond`` on a free ``127.0.0.1`` port while used as a context manager."""
+
+    def __init__(self) -> None:
+        self._stack: Any = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _respond(self, request: RecordedRequest) -> Answer:
+        raise TypeError(f"{type(self).__name__} must define _respond")
+
+    def __enter__(self) -> Self:
+        self._stack = _serving(self._respond)
+        self.port = self._stack.__enter__().server_address[1]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.__exit__(None, None, None)
+
+
+class RelayServer(_LoopbackServer):
     """A loopback relay that records every request and passes it on, unless ``intercept`` answers it.
 
     With ``upstream`` (``http://127.0.0.1:PORT``) it is a reverse proxy in front of that server (the S3
@@ -193,24 +214,11 @@ class RelayServer:
         upstream: str | None = None,
         intercept: Callable[[RecordedRequest], Answer | None] | None = None,
     ) -> None:
+        super().__init__()
         self.upstream = upstream
         self.intercept = intercept
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
-        self._stack: Any = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> RelayServer:
-        self._stack = _serving(self._respond)
-        self.port = self._stack.__enter__().server_address[1]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.__exit__(None, None, None)
 
     def _respond(self, request: RecordedRequest) -> Answer:
         with self._lock:
@@ -235,7 +243,7 @@ class RelayServer:
         return Answer(response.status, body, kept)
 
 
-class FakeVault:
+class FakeVault(_LoopbackServer):
     """The fake Vault; use as a context manager. ``url`` is its ``http://127.0.0.1:PORT`` address."""
 
     def __init__(
@@ -249,6 +257,7 @@ class FakeVault:
         approle_mount: str = "approle",
         namespace: str | None = None,
     ) -> None:
+        super().__init__()
         self.clock = clock
         self.token_ttl = token_ttl
         self.token_max_ttl = token_max_ttl
@@ -267,22 +276,8 @@ class FakeVault:
         self.sealed = False
         self._tokens: dict[str, _Token] = {}
         self._lock = threading.Lock()
-        self._stack: Any = None
-        self.port = 0
 
     # -- lifecycle -----------------------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> FakeVault:
-        self._stack = _serving(self._respond)
-        self.port = self._stack.__enter__().server_address[1]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.__exit__(None, None, None)
 
     # -- knobs ---------------------------------------------------------------------------------------------
 

@@ -81,10 +81,9 @@ def scratch(tmpfs_path: Path) -> Path:
 
 
 @pytest.fixture
-def root(scratch: Path) -> Path:
-    r = scratch / "root"
-    r.mkdir()
-    return r
+def root(tmpfs_root: Path) -> Path:
+    """The checkpoint root, on tmpfs."""
+    return tmpfs_root
 
 
 @pytest.fixture
