@@ -76,7 +76,7 @@ class MemoryHarness:
         self._store.put_raw_entry(name, folder=folder)
 
     def pub_names(self) -> list[str]:
-        return sorted(self._store._names())
+        return self._store.raw_names()
 
 
 class PosixHarness:

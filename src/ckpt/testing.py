@@ -18,13 +18,14 @@ Every instance has its own state (no class-level sharing); a lock makes it safe 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ckpt.domain.entries import Entry, exec_save_prefix, validate_save
-from ckpt.domain.errors import CredentialsError, ExistsError, InvalidError, MalformedError, NotFoundError
-from ckpt.domain.names import format_entry_name, latest_entry_name, parse_entry_names
-from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
-from ckpt.domain.prune import Overlap, plan_prune
+from ckpt.application.checkpoint_store import CheckpointStore
+from ckpt.domain.errors import CredentialsError, InvalidError, MalformedError, StorageError
+from ckpt.domain.locator import Locator
+from ckpt.domain.ports import FileInfo, SaveKind, SaveRemoval
+from ckpt.domain.prune import SKIP_ALREADY_GONE
 
 if TYPE_CHECKING:
     from ckpt.creds.model import Credentials
@@ -32,159 +33,132 @@ if TYPE_CHECKING:
 __all__ = ["InMemoryStore", "StaticCredentialSource"]
 
 
-class InMemoryStore:
+class _MemoryTree:
+    """The two store ports in memory: the names in ``pub/`` and the saves' folders and files.
+
+    Paths are relative to the root; ``blobs`` maps a file's path to its content.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.pub: set[str] = set()
+        self.pub_dirs: set[str] = set()  # names in pub/ that are folders (malformed; for tests)
+        self.dirs: set[str] = set()
+        self.blobs: dict[str, bytes] = {}
+
+    # -- PublicationLog ----------------------------------------------------------------------------------
+
+    def list_names(self) -> list[str]:
+        with self.lock:
+            if self.pub_dirs:
+                name = min(self.pub_dirs)
+                raise MalformedError(f"malformed entry {name!r} in pub/: a folder", value=name)
+            return list(self.pub)
+
+    def create(self, name: str) -> bool:
+        with self.lock:
+            if name in self.pub or name in self.pub_dirs:
+                return False
+            self.pub.add(name)
+            return True
+
+    def remove(self, names: Sequence[str]) -> list[str]:
+        with self.lock:
+            removed = [name for name in names if name in self.pub]
+            self.pub.difference_update(removed)
+            return removed
+
+    # -- SaveTree ----------------------------------------------------------------------------------------
+
+    def kind(self, save: str) -> SaveKind:
+        with self.lock:
+            if save in self.dirs:
+                return SaveKind.FOLDER
+            return SaveKind.FILE if save in self.blobs else SaveKind.MISSING
+
+    def folders(self, path: str) -> list[str] | None:
+        inside = path + "/" if path else ""
+        with self.lock:
+            if path and path not in self.dirs:
+                return None
+            names = {d[len(inside) :] for d in self.dirs if d.startswith(inside)}
+        return sorted(name for name in names if "/" not in name)
+
+    def read_file(self, save: str, name: str, limit: int) -> bytes | None:
+        with self.lock:
+            data = self.blobs.get(f"{save}/{name}")
+        if data is not None and len(data) > limit:
+            raise StorageError(f"file {name!r} in {save} is over {limit} bytes", location=f"{save}/{name}")
+        return data
+
+    def is_file(self, save: str, name: str) -> bool:
+        with self.lock:
+            return f"{save}/{name}" in self.blobs
+
+    def files(self, save: str) -> list[FileInfo]:
+        inside = save + "/"
+        with self.lock:
+            found = [(p[len(inside) :], len(v)) for p, v in self.blobs.items() if p.startswith(inside)]
+        return [FileInfo(path, size) for path, size in sorted(found)]
+
+    def remove_saves(self, saves: Sequence[str]) -> list[SaveRemoval]:
+        outcomes = []
+        with self.lock:
+            for save in saves:
+                if save not in self.dirs:
+                    outcomes.append(SaveRemoval(save, SKIP_ALREADY_GONE))
+                    continue
+                self.drop(save)
+                outcomes.append(SaveRemoval(save))
+        return outcomes
+
+    def drop(self, path: str) -> None:
+        inside = path + "/"
+        self.dirs = {d for d in self.dirs if d != path and not d.startswith(inside)}
+        self.blobs = {f: v for f, v in self.blobs.items() if not f.startswith(inside)}
+
+
+class InMemoryStore(CheckpointStore):
     """A checkpoint root held in memory. Locations look like ``memory://<name>/<save>``."""
 
+    __slots__ = ("_memory",)
+
     def __init__(self, name: str = "root") -> None:
-        if not name or "/" in name:
+        if not isinstance(name, str) or not name or "/" in name:
             raise InvalidError(f"in-memory root name {name!r} must be one non-empty path element")
-        self._root = f"memory://{name}"
-        self._lock = threading.RLock()
-        self._pub: dict[str, bytes] = {}  # entry name -> content (always empty for real entries)
-        self._pub_dirs: set[str] = set()  # names in pub/ that are folders (malformed, for tests)
-        self._files: dict[str, bytes] = {}  # save-relative file path -> content
-        self._dirs: set[str] = set()  # save-relative folder paths
-
-    def __repr__(self) -> str:
-        return f"InMemoryStore({self._root!r})"
-
-    @property
-    def root(self) -> str:
-        """The root, ``memory://<name>``."""
-        return self._root
+        self._memory = _MemoryTree()
+        locator = Locator(f"memory://{name}", scheme="memory://", form="a memory:// location")
+        super().__init__(self._memory, self._memory, locator)
 
     # -- building trees in tests -----------------------------------------------------------------------
 
-    def _rel(self, location: str) -> str:
-        prefix = self._root + "/"
-        candidate = location.rstrip("/") if location != prefix else location
-        if not candidate.startswith(prefix):
-            raise InvalidError(f"save location {location!r} is not under the root {self._root}")
-        return candidate[len(prefix) :]
-
     def make_dir(self, location: str) -> None:
         """Create a folder (and its parents) at ``location``."""
-        rel = self._rel(location)
-        with self._lock:
-            parts = rel.split("/")
-            for i in range(1, len(parts) + 1):
-                self._dirs.add("/".join(parts[:i]))
+        parts = self._locator.save_of(location).split("/")
+        with self._memory.lock:
+            self._memory.dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
 
     def write_file(self, location: str, name: str, data: bytes) -> None:
         """Write file ``name`` (may contain ``/``) inside the folder at ``location``, creating folders."""
-        path = f"{self._rel(location)}/{name}"
-        with self._lock:
-            self.make_dir(f"{self._root}/{path.rsplit('/', 1)[0]}")
-            self._files[path] = bytes(data)
+        path = f"{self._locator.save_of(location)}/{name}"
+        with self._memory.lock:
+            self.make_dir(self._locator.location(path.rsplit("/", 1)[0]))
+            self._memory.blobs[path] = bytes(data)
 
     def remove_tree(self, location: str) -> None:
         """Delete the folder at ``location`` and everything in it (as a framework's retention would)."""
-        rel = self._rel(location)
-        with self._lock:
-            self._drop(rel)
+        with self._memory.lock:
+            self._memory.drop(self._locator.save_of(location))
 
     def put_raw_entry(self, name: str, *, folder: bool = False) -> None:
         """Put any name into ``pub/``, bypassing validation (to test how malformed names are refused)."""
-        with self._lock:
-            if folder:
-                self._pub_dirs.add(name)
-            else:
-                self._pub[name] = b""
+        with self._memory.lock:
+            (self._memory.pub_dirs if folder else self._memory.pub).add(name)
 
-    def _drop(self, rel: str) -> None:
-        inside = rel + "/"
-        self._dirs = {d for d in self._dirs if d != rel and not d.startswith(inside)}
-        self._files = {f: v for f, v in self._files.items() if not f.startswith(inside)}
-
-    # -- the Store port --------------------------------------------------------------------------------
-
-    def location(self, entry: Entry) -> str:
-        """Return ``memory://<name>/<save>``."""
-        return f"{self._root}/{entry.save}"
-
-    def exec_dir(self, attempt: str) -> str:
-        """Return ``memory://<name>/exec/<attempt>``."""
-        return f"{self._root}/{exec_save_prefix(attempt)}"
-
-    def publish(self, epoch: int, step: int, save_location: str) -> Entry:
-        """Publish the save at ``save_location`` exclusively."""
-        try:
-            save = validate_save(self._rel(save_location))
-        except InvalidError as exc:
-            raise InvalidError(f"save location {save_location!r}: {exc}") from None
-        entry = Entry(epoch, step, save)
-        name = format_entry_name(entry)
-        with self._lock:
-            if save not in self._dirs:
-                raise NotFoundError(f"save {save_location} does not exist", location=save_location)
-            if name in self._pub or name in self._pub_dirs:
-                raise ExistsError(f"already published: epoch {epoch} step {step} save {save}", entry=entry)
-            self._pub[name] = b""
-        return entry
-
-    def _names(self) -> list[str]:
-        with self._lock:
-            if self._pub_dirs:
-                name = min(self._pub_dirs)
-                raise MalformedError(f"malformed entry {name!r} in pub/: a folder", value=name)
-            return list(self._pub)
-
-    def entries(self) -> list[Entry]:
-        """Return every entry, ascending."""
-        return parse_entry_names(self._names())
-
-    def resolve(self) -> Entry | None:
-        """Return the greatest entry, or ``None``."""
-        return latest_entry_name(self._names())
-
-    def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
-        """Remove all but the ``keep`` greatest entries, then the folders only they named."""
-        plan = plan_prune(self.entries(), keep)
-        folders = tuple(f"{self._root}/{f}" for f in plan.folders)
-        if dry_run:
-            return PruneResult(plan.remove, folders, (), dry_run=True)
-        with self._lock:
-            removed = [e for e in plan.remove if self._pub.pop(format_entry_name(e), None) is not None]
-        needed = Overlap(e.save for e in self.entries())
-        removed_folders, skipped = [], []
-        for folder, location in zip(plan.folders, folders, strict=True):
-            with self._lock:
-                if needed(folder):
-                    skipped.append(SkippedFolder(location, "named by an entry published during the prune"))
-                elif folder not in self._dirs:
-                    skipped.append(SkippedFolder(location, "already gone"))
-                else:
-                    self._drop(folder)
-                    removed_folders.append(location)
-        return PruneResult(tuple(removed), tuple(removed_folders), tuple(skipped))
-
-    # -- the WatchStore port ---------------------------------------------------------------------------
-
-    def folders(self, location: str) -> list[Folder]:
-        """Return the folders directly inside ``location``."""
-        rel = self._rel(location)
-        inside = rel + "/"
-        with self._lock:
-            names = sorted(d[len(inside) :] for d in self._dirs if d.startswith(inside))
-        return [Folder(n, f"{self._root}/{rel}/{n}") for n in names if "/" not in n]
-
-    def read_file(self, save_location: str, name: str) -> bytes | None:
-        """Return the content of ``name`` inside the save, or ``None``."""
-        with self._lock:
-            return self._files.get(f"{self._rel(save_location)}/{name}")
-
-    def exists(self, save_location: str, name: str) -> bool:
-        """Return True when ``name`` exists inside the save."""
-        return self.read_file(save_location, name) is not None
-
-    def files(self, save_location: str) -> list[FileInfo]:
-        """Return every file inside the save with its size, sorted by path."""
-        inside = self._rel(save_location) + "/"
-        with self._lock:
-            return sorted(
-                (FileInfo(p[len(inside) :], len(v)) for p, v in self._files.items() if p.startswith(inside)),
-                key=lambda f: f.path,
-            )
+    def raw_names(self) -> list[str]:
+        """Return the names in ``pub/``, sorted, without parsing them."""
+        with self._memory.lock:
+            return sorted(self._memory.pub | self._memory.pub_dirs)
 
 
 class StaticCredentialSource:
