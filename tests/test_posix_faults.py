@@ -314,14 +314,17 @@ PRUNE_CALLS = """
     scandir pub
     readdir pub
     close pub
-    open .                          the root, held for the whole prune
-    scandir .                       journals that earlier prunes left
+    open .                          journals that earlier prunes left
+    scandir .
     readdir .
-    open <journal>                  the journal of this prune: created, written, synced, and the root synced
+    close .
+    open .                          the journal of this prune: created, written, synced, and the root synced
+    open <journal>
     write <journal>
     fsync <journal>
     close <journal>
     fsync .
+    close .
     open pub                        the entries
     unlink pub/<entry>
     unlink pub/<entry-2>
@@ -331,6 +334,7 @@ PRUNE_CALLS = """
     scandir pub
     readdir pub
     close pub
+    open .                          the folders, removed relative to one descriptor of the root
     open exec                       ck-1: every element opened with O_NOFOLLOW
     open exec/a
     lstat exec/a/ck-1
@@ -371,7 +375,9 @@ PRUNE_CALLS = """
     fsync exec/a
     close exec/a
     close exec
-    unlink <journal>                the job is done
+    close .
+    open .                          the job is done: the journal goes
+    unlink <journal>
     fsync .
     close .
 """

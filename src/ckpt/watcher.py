@@ -4,8 +4,8 @@ Rules this module keeps (docs/adr/0008-watcher.md says why):
 
 1. A scan lists the saves folder once (``folders``), keeps the names that are saves under the framework's
    rule, and looks, in step order, at those this watcher has not published yet. A complete save is synced
-   (``sync_save``, when the store has one: POSIX) and then published; an incomplete one is passed over and
-   looked at again next scan.
+   (when the store offers the ``SyncsSaves`` capability: POSIX) and then published; an incomplete one is
+   passed over and looked at again next scan.
 2. Published saves are never read again. The watcher keeps their locations in memory; a new watcher learns
    them by reading ``entries()`` once, in its first scan, keeping the entries of its own epoch. So a scan
    over any number of already-published saves with nothing new costs one ``folders`` listing. An
@@ -40,7 +40,7 @@ from ckpt.domain.frameworks import (
     judge_save,
     save_folders,
 )
-from ckpt.domain.ports import WatchStore
+from ckpt.domain.ports import SyncsSaves, WatchStore
 from ckpt.verify import read_markers
 
 __all__ = ["Watcher"]
@@ -185,10 +185,9 @@ class Watcher:
         """Sync and publish one complete save; return True when it is now published (by us or before)."""
         if self._spent:
             raise ScanTimeoutError("this watcher's scan timed out; it publishes nothing more")
-        sync_save: Callable[[str], None] | None = getattr(self.store, "sync_save", None)
         try:
-            if sync_save is not None:
-                sync_save(location)
+            if isinstance(self.store, SyncsSaves):
+                self.store.sync_save(location)
             entry = self.store.publish(self.epoch, step, location)
         except ExistsError:
             return True

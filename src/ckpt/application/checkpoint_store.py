@@ -19,13 +19,16 @@ Rules this module keeps:
    one batch, report the skips, and drop the journals. A failure after the journal is written leaves it,
    and the next prune finishes the job (docs/adr/0004-prune-safety.md).
 4. The watcher's reads take locations under the root only; the markers are regular files, read with a
-   size cap (:data:`MAX_MARKER_BYTES`).
+   size cap (:data:`MAX_MARKER_BYTES`). A store whose tree must sync a save before it is published
+   (:class:`~ckpt.domain.ports.SyncsSaves`) is a :class:`SyncingCheckpointStore`, which the watcher
+   recognises by that same protocol.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import closing
+from typing import Protocol
 
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError, StorageError
@@ -46,7 +49,11 @@ from ckpt.domain.ports import (
 )
 from ckpt.domain.prune import leftover_folders, plan_prune, recheck_folders
 
-__all__ = ["MAX_MARKER_BYTES", "CheckpointStore"]
+
+class SyncingSaveTree(SaveTree, SyncsSaves, Protocol):
+    """A save tree that can also sync a save."""
+
+__all__ = ["MAX_MARKER_BYTES", "CheckpointStore", "SyncingCheckpointStore"]
 
 #: The largest marker file the watcher and verified resolve read (a Trainer's state with a long history).
 MAX_MARKER_BYTES = 64 << 20
@@ -196,10 +203,26 @@ class CheckpointStore:
         """Return every file inside the save, recursively, sorted by path."""
         return self._tree.files(self._locator.save_of(save_location))
 
+
+class SyncingCheckpointStore(CheckpointStore):
+    """A ``CheckpointStore`` whose saves must be synced before they are published (POSIX): it also offers
+    the :class:`~ckpt.domain.ports.SyncsSaves` capability, taking a save's location."""
+
+    __slots__ = ("_syncs",)
+
+    def __init__(
+        self,
+        log: PublicationLog,
+        tree: SyncingSaveTree,
+        locator: Locator,
+        journal: PruneJournal | None = None,
+    ) -> None:
+        super().__init__(log, tree, locator, journal)
+        self._syncs = tree
+
     def sync_save(self, save_location: str) -> None:
-        """Make the save's content durable before it is published, when the store needs that (POSIX)."""
-        if isinstance(self._tree, SyncsSaves):
-            self._tree.sync_save(self._locator.save_of(save_location))
+        """Make the content of the save at ``save_location`` durable (the watcher calls it before publish)."""
+        self._syncs.sync_save(self._locator.save_of(save_location))
 
 
 def _refused_text(refused: Sequence[tuple[str, str]]) -> str:
