@@ -104,6 +104,27 @@ class TestLayers:
                 ]
         assert offenders == []
 
+    def test_the_layer_contract_holds(self) -> None:
+        """import-linter's contracts in pyproject.toml (no layer imports one above it) are all kept."""
+        lint = pathlib.Path(sys.executable).parent / "lint-imports"
+        result = subprocess.run(
+            [str(lint), "--config", str(SRC.parent.parent / "pyproject.toml"), "--no-cache"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout[-2000:]
+        assert "0 broken" in result.stdout
+
+    def test_no_store_port_is_found_by_getattr(self) -> None:
+        """Optional capabilities are protocols checked with isinstance: no getattr on a store in src/."""
+        offenders = [
+            str(path.relative_to(SRC))
+            for path in sorted(SRC.rglob("*.py"))
+            if "getattr(self.store" in path.read_text() or "getattr(store" in path.read_text()
+        ]
+        assert offenders == []
+
     def test_posix_resolve_imports_neither_boto3_nor_hvac(self, tmp_path: pathlib.Path) -> None:
         """`ckpt resolve` on a local root never imports boto3, botocore or hvac."""
         code = (

@@ -27,10 +27,10 @@ import botocore.exceptions
 import botocore.session
 import pytest
 
+from ckpt.adapters.s3.client import create_s3_client
 from ckpt.creds import AppRoleAuth, Chain, Credentials, FileSource, KubernetesAuth, VaultSource
 from ckpt.creds.botocore_session import (
     AUTH_ERROR_CODES,
-    create_s3_client,
     make_botocore_session,
     next_refresh,
     stale_deadline,

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from ckpt.adapters.posix import PosixStore
+from ckpt.application.verify import resolve_verified
+from ckpt.application.watcher import Watcher
 from ckpt.domain.entries import Entry
 from ckpt.domain.frameworks import Framework
-from ckpt.verify import resolve_verified
-from ckpt.watcher import Watcher
 
 # Never reach a hub: the libraries read these when they are first imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,13 +1,13 @@
-"""Verified resolve (``ckpt.verify.resolve_verified``) on every store the harness builds."""
+"""Verified resolve (``ckpt.application.verify.resolve_verified``) on every store the harness builds."""
 
 from __future__ import annotations
 
 import pytest
 
+from ckpt.application.verify import Verified, read_markers, resolve_verified
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import MalformedError
 from ckpt.domain.frameworks import Framework
-from ckpt.verify import Verified, read_markers, resolve_verified
 from harness import Harness
 
 HF, DCP = Framework.HF, Framework.DCP

@@ -134,9 +134,9 @@ def _cmd_resolve(ctx: Context) -> int:
     store = ctx.store()
     skipped: list[dict[str, Any]] = []
     if ctx.args.framework:
+        from ckpt.application.verify import resolve_verified
         from ckpt.cli.output import entry_document
         from ckpt.domain.frameworks import parse_framework
-        from ckpt.verify import resolve_verified
 
         verified = resolve_verified(store, parse_framework(ctx.args.framework))
         for passed, reason in verified.skipped:

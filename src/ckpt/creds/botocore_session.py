@@ -7,8 +7,9 @@ Rules for this module:
   ``os.devnull``, configured endpoint URLs are ignored). So ``AWS_PROFILE``, ``AWS_DEFAULT_REGION``,
   ``AWS_ENDPOINT_URL_S3``, ``AWS_CA_BUNDLE`` or a ``[profile]`` in ``~/.aws/config`` cannot redirect, re-key
   or weaken signed requests. Region, endpoint, CA bundle and proxies are passed explicitly by the S3
-  adapter (``create_s3_client`` insists on explicit proxies). ``BOTOCORE_EXPERIMENTAL__PLUGINS`` is the one
-  ambient knob botocore offers no way to switch off per session.
+  adapter (``ckpt.adapters.s3.client.create_s3_client``, which insists on explicit proxies).
+  ``BOTOCORE_EXPERIMENTAL__PLUGINS`` is the one ambient knob botocore offers no way to switch off per
+  session.
 - The credential resolver holds exactly one provider, backed by our chain. Its credentials are a
   ``DeferredRefreshableCredentials``: nothing is fetched until the first request is signed; afterwards
   botocore asks for a refresh when the *deadline* we gave it passes. The deadline is the earlier of "now +
@@ -34,7 +35,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import attrs
-import botocore.config
 import botocore.configprovider
 import botocore.credentials
 import botocore.session
@@ -46,7 +46,6 @@ __all__ = [
     "AUTH_ERROR_CODES",
     "METHOD",
     "ChainCredentials",
-    "create_s3_client",
     "install_auth_retry",
     "make_botocore_session",
     "next_refresh",
@@ -333,29 +332,3 @@ def install_auth_retry(client: Any, refreshable: ChainCredentials) -> None:
         return 0  # retry now; botocore re-signs the retried request with the refreshed keys
 
     client.meta.events.register("needs-retry.s3", on_needs_retry, unique_id="ckpt-auth-retry")
-
-
-def create_s3_client(
-    session: botocore.session.Session,
-    *,
-    region_name: str,
-    endpoint_url: str | None,
-    config: botocore.config.Config,
-    verify: bool | str | None = None,
-) -> Any:
-    """Create an S3 client on a :func:`make_botocore_session` session, with the auth retry installed.
-
-    ``region_name`` and ``endpoint_url`` are explicit (``None`` means AWS's own endpoint for the region,
-    never one from the environment). ``config.proxies`` must be set (``{}`` for direct): left unset,
-    botocore would read ``HTTPS_PROXY`` behind the proxy rule's back.
-    """
-    if config.proxies is None:
-        raise InvalidError("the S3 client's proxies must be explicit (use {} for a direct connection)")
-    credentials = session.get_credentials()
-    if not isinstance(credentials, ChainCredentials):
-        raise InvalidError("create_s3_client needs a session made by make_botocore_session")
-    client = session.create_client(
-        "s3", region_name=region_name, endpoint_url=endpoint_url, config=config, verify=verify
-    )
-    install_auth_retry(client, credentials)
-    return client

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ckpt.application.verify import read_markers
 from ckpt.domain.entries import MAX_U64, Entry
 from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, ScanTimeoutError
 from ckpt.domain.frameworks import (
@@ -41,7 +42,6 @@ from ckpt.domain.frameworks import (
     save_folders,
 )
 from ckpt.domain.ports import SyncsSaves, WatchStore
-from ckpt.verify import read_markers
 
 __all__ = ["Watcher"]
 
