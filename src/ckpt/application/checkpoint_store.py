@@ -1,4 +1,5 @@
-"""``CheckpointStore``: the public store API, every flow written once over the small store ports (SPEC §4).
+"""``CheckpointStore``: the public store API, every flow once over the small store ports
+(docs/spec/operations.md).
 
 A store technology provides a :class:`~ckpt.domain.ports.PublicationLog`, a
 :class:`~ckpt.domain.ports.SaveTree`, a :class:`~ckpt.domain.locator.Locator` and, optionally, a

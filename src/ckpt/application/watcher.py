@@ -1,4 +1,4 @@
-"""The watcher: publishes one execution's complete saves as a framework writes them (SPEC §5).
+"""The watcher: publishes one execution's complete saves as a framework writes them (docs/spec/watcher.md).
 
 Rules this module keeps (docs/adr/0008-watcher.md says why):
 

@@ -1,4 +1,4 @@
-"""The prune journal's format (SPEC §4, docs/adr/0004-prune-safety.md; vectors: tests/vectors/journal.json).
+"""The prune journal's format (docs/spec/layout.md §5; vectors: tests/vectors/journal.json).
 
 Before a prune removes anything, it records the folders it is about to remove in a journal object beside the
 log (POSIX: ``<root>/.ckpt-prune-<16 hex>``; S3: the key ``<prefix>.ckpt-prune-<16 hex>``). A later prune

@@ -1,4 +1,4 @@
-"""Where a save lives: the one mapping between save paths and a store's locations (SPEC §2).
+"""Where a save lives: the one mapping between save paths and locations (docs/spec/operations.md §6).
 
 A *save path* is relative to the root (``exec/2.4102.0/checkpoint-600``); a *location* is the same save in
 the store's own form: an absolute POSIX path, an ``s3://`` URL, or a ``memory://`` URL. Every store turns

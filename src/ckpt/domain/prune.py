@@ -1,4 +1,4 @@
-"""Overlap by path element, and the prune plan (SPEC §4).
+"""Overlap by path element, and the prune plan (docs/spec/operations.md §5).
 
 Rules:
 

@@ -1,4 +1,4 @@
-"""The S3 root URL, ``s3://BUCKET[/PREFIX]``: its grammar and its parser (SPEC §2; vectors in
+"""The S3 root URL, ``s3://BUCKET[/PREFIX]``: its grammar and its parser (docs/spec/layout.md §1.3; vectors in
 ``tests/vectors/s3_roots.json``).
 
 Rules:

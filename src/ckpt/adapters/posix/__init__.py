@@ -1,4 +1,4 @@
-"""The checkpoint store on a POSIX filesystem (SPEC §4): the small store ports over one root directory.
+"""The checkpoint store on a POSIX filesystem (docs/spec/layout.md): the small store ports over one root.
 
 The modules, one reason to change each:
 

@@ -1,4 +1,4 @@
-"""The publication log on a POSIX filesystem: the names in ``<root>/pub/`` (SPEC §4).
+"""The publication log on a POSIX filesystem: the names in ``<root>/pub/`` (docs/spec/layout.md §2-§3).
 
 Rules:
 

@@ -1,4 +1,4 @@
-"""Removing a save's folder on POSIX without following any link (SPEC §4, docs/adr/0004-prune-safety.md).
+"""Removing a save's folder on POSIX without following any link (docs/spec/operations.md §5.5).
 
 Rules:
 

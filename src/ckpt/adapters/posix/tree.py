@@ -1,4 +1,4 @@
-"""The saves on a POSIX filesystem: folders, marker files, listings, syncs and removal (SPEC §4, §5).
+"""The saves on a POSIX filesystem: folders, markers, listings, syncs, removal (docs/spec/layout.md §4).
 
 Rules:
 

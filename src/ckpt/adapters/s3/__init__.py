@@ -1,4 +1,4 @@
-"""The checkpoint store on S3-compatible object storage (SPEC §4), through an injected boto3 client.
+"""The checkpoint store on S3-compatible object storage (docs/spec/layout.md), through a boto3 client.
 
 The modules, one reason to change each:
 

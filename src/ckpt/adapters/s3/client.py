@@ -1,4 +1,4 @@
-"""Building the S3 client from the configuration, with nothing left to the environment (SPEC §6, §7).
+"""Building the S3 client from the configuration, with nothing left to the environment (docs/spec/config.md).
 
 Region (default ``us-east-1``), endpoint, addressing style, timeouts, retries (botocore's standard mode,
 ``max_attempts`` in total, for every request whose answer fails: 5xx, throttling, a dropped connection, a
@@ -83,8 +83,8 @@ def create_s3_client(
 
 
 def _proxy_rule(config: Config, environ: Mapping[str, str]) -> ProxyRule:
-    """The one proxy rule (SPEC §7): the ``[proxy]`` table when present (it replaces the environment), else
-    the environment. The CGI guard always reads ``environ``."""
+    """The one proxy rule (docs/spec/proxy.md): the ``[proxy]`` table when present (it replaces the
+    environment), else the environment. The CGI guard always reads ``environ``."""
     if config.proxy is not None:
         return ProxyRule.from_config(config.proxy, cgi=is_cgi(environ))
     return ProxyRule.from_environment(environ)
@@ -92,9 +92,9 @@ def _proxy_rule(config: Config, environ: Mapping[str, str]) -> ProxyRule:
 
 def _botocore_session(config: Config, environ: Mapping[str, str], rule: ProxyRule) -> Any:
     """Return the hermetic botocore session the S3 client signs with: its only credential provider is the
-    configured chain (SPEC §6), refreshed on schedule and at expiry. With no ``[[credentials]]`` tables the
-    chain is botocore's own default chain behind the same refresh logic. The Vault source, if any, reaches
-    Vault through the same proxy rule as S3.
+    configured chain (docs/spec/credentials.md), refreshed on schedule and at expiry. With no
+    ``[[credentials]]`` tables the chain is botocore's own default chain behind the same refresh logic. The
+    Vault source, if any, reaches Vault through the same proxy rule as S3.
     """
     from ckpt.creds.botocore_session import make_botocore_session  # botocore only for S3 roots
     from ckpt.creds.config import chain_from_config
