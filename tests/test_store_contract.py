@@ -286,3 +286,17 @@ class TestWatchPort:
             ("trainer_state.json", 2),
             ("w/x.bin", 3),
         ]
+
+
+class TestFileNamesStayInsideTheSave:
+    @pytest.mark.parametrize("name", ["../checkpoint-2/state.json", "/etc/passwd", "a/../b", "", "x/"])
+    @pytest.mark.parametrize("operation", ["read_file", "exists"])
+    def test_a_file_name_that_leaves_the_save_is_invalid(
+        self, harness: Harness, operation: str, name: str
+    ) -> None:
+        """read_file and exists take a clean path inside the save: ../x, /x, '' are InvalidError."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-1", {"trainer_state.json": b"{}"})
+        harness.make_save(f"{EXEC_A}/checkpoint-2", {"trainer_state.json": b"{}"})
+        with pytest.raises(InvalidError):
+            getattr(store, operation)(location, name)

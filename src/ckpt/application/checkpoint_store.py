@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from typing import Protocol
 
-from ckpt.domain.entries import Entry
+from ckpt.domain.entries import Entry, save_error
 from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError, StorageError
 from ckpt.domain.journal import format_journal, parse_journal
 from ckpt.domain.locator import Locator
@@ -192,13 +192,21 @@ class CheckpointStore:
         base = base.rstrip("/")
         return [Folder(name, f"{base}/{name}") for name in names or ()]
 
+    def _inside(self, save_location: str, name: str) -> str:
+        """Return the save path of ``save_location``; ``InvalidError`` unless ``name`` is a path in it."""
+        save = self._locator.save_of(save_location)
+        reason = save_error(f"{save}/{name}") if isinstance(name, str) else "is not a string"
+        if reason is not None:
+            raise InvalidError(f"file name {name!r} is not a clean path inside the save {save_location}")
+        return save
+
     def read_file(self, save_location: str, name: str) -> bytes | None:
         """Return the content of the regular file ``name`` inside the save, or ``None`` when there is none."""
-        return self._tree.read_file(self._locator.save_of(save_location), name, MAX_MARKER_BYTES)
+        return self._tree.read_file(self._inside(save_location, name), name, MAX_MARKER_BYTES)
 
     def exists(self, save_location: str, name: str) -> bool:
         """Return True when ``name`` inside the save is a regular file."""
-        return self._tree.is_file(self._locator.save_of(save_location), name)
+        return self._tree.is_file(self._inside(save_location, name), name)
 
     def files(self, save_location: str) -> list[FileInfo]:
         """Return every file inside the save, recursively, sorted by path."""

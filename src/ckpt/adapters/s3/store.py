@@ -46,6 +46,8 @@ __all__ = ["ExclusiveCreateProbe", "S3Journal", "S3Log", "S3Store", "S3Tree"]
 # Outside pub/ and exec/, so a probe object can never look like an entry or a save.
 _PROBE_DIR = ".ckpt-doctor"
 _MAX_KEYS_IN_MESSAGE = 10
+# A journal lists folders, one a line: 256 MiB is millions of them, far beyond any prune.
+_MAX_JOURNAL_BYTES = 256 << 20
 
 
 def _refused_text(bucket: Bucket, refused: Sequence[tuple[str, str]]) -> str:
@@ -184,7 +186,7 @@ class S3Journal:
         found: list[tuple[str, bytes]] = []
         for page in self._bucket.pages(self._prefix, delimiter=True, action="list the prune journals in"):
             for obj in page.get("Contents", ()):
-                data = self._bucket.get(obj["Key"], action="read the prune journal", limit=1 << 30)
+                data = self._bucket.get(obj["Key"], action="read the prune journal", limit=_MAX_JOURNAL_BYTES)
                 if data is not None:
                     found.append((self._bucket.url(obj["Key"]), data))
         return sorted(found)
