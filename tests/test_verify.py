@@ -9,6 +9,7 @@ from ckpt.domain.errors import MalformedError
 from ckpt.domain.frameworks import Framework
 from ckpt.verify import Verified, read_markers, resolve_verified
 from harness import Harness
+from support_trainer import rng_state_bytes
 
 HF, DCP = Framework.HF, Framework.DCP
 EXEC = "exec/1.4101.0"
@@ -95,6 +96,42 @@ class TestResolveVerified:
         """A save that was just written is accepted at once: verified resolve checks markers only."""
         entry = publish(harness, 1, 7, f"{EXEC}/checkpoint-7", {"trainer_state.json": STATE})
         assert resolve_verified(harness.store(), HF).entry == entry
+
+    def test_hf_world_size_needs_every_rank_complete(self, harness: Harness) -> None:
+        """With world size 2, a save whose rank 1 never wrote, or cut short, its RNG state is passed over."""
+        rng0, rng1 = rng_state_bytes(0), rng_state_bytes(1)
+        good = publish(
+            harness,
+            1,
+            100,
+            f"{EXEC}/checkpoint-100",
+            {"trainer_state.json": STATE, "rng_state_0.pth": rng0, "rng_state_1.pth": rng1},
+        )
+        publish(
+            harness,
+            1,
+            200,
+            f"{EXEC}/checkpoint-200",
+            {"trainer_state.json": STATE, "rng_state_0.pth": rng0, "rng_state_1.pth": rng1[:-30]},
+        )
+        newest = publish(
+            harness, 1, 300, f"{EXEC}/checkpoint-300", {"trainer_state.json": STATE, "rng_state_0.pth": rng0}
+        )
+        verified = resolve_verified(harness.store(), HF, world_size=2)
+        assert verified.entry == good
+        assert [(e.step, reason) for e, reason in verified.skipped] == [
+            (300, "no rng_state_1.pth (rank 1 of 2 has not finished its part of the save)"),
+            (
+                200,
+                (
+                    "rng_state_1.pth is not a complete zip: no end-of-central-directory record at its end "
+                    "(rank 1 was cut short)"
+                ),
+            ),
+        ]
+        # Unknown world size: the rank files are not looked at (the rule before the world size was known).
+        assert resolve_verified(harness.store(), HF).entry == newest
+        assert resolve_verified(harness.store(), HF, world_size=1).entry == newest
 
     def test_malformed_log_is_an_error(self, harness: Harness) -> None:
         """A bad name in pub/ raises MalformedError, as entries() does, instead of being skipped."""

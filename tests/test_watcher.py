@@ -27,7 +27,7 @@ from ckpt.verify import resolve_verified
 from ckpt.watcher import Watcher
 from harness import Harness
 from s3_support import FAKE_ENV, RequestLog, S3Harness, http_settings, isolate_from_aws_environment
-from support_trainer import SimulatedTrainer, complete_folders, dcp_plan, hf_plan
+from support_trainer import SimulatedTrainer, complete_folders, dcp_plan, hf_plan, rng_state_bytes
 
 HF, DCP = Framework.HF, Framework.DCP
 ATTEMPT = "1.4101.0"
@@ -180,6 +180,43 @@ class TestScan:
         assert w.scan() == []
         harness.make_save(f"{EXEC}/step-10", {".metadata": b"m"})
         assert steps(w.scan()) == [10]
+
+    def test_dcp_is_never_delayed_by_settle(self, harness: Harness) -> None:
+        """A dcp save with .metadata goes out on the first scan that sees it, even with a large settle."""
+        store = RecordingStore(harness.store())
+        harness.make_save(f"{EXEC}/step-10", {"__0_0.distcp": b"x", ".metadata": b"m"})
+        w = watcher(store, DCP, settle=3600)
+        assert steps(w.scan()) == [10]
+        assert store.count("files") == 0  # no listing taken: nothing to settle
+
+    def test_hf_world_size_waits_for_every_rank(self, harness: Harness) -> None:
+        """With world size 2, a save goes out only once rank 1's RNG state is there and a complete zip."""
+        save = f"{EXEC}/checkpoint-10"
+        harness.make_save(save, {"trainer_state.json": STATE, "rng_state_0.pth": rng_state_bytes(0)})
+        w = watcher(harness.store(), world_size=2)
+        assert w.scan() == []  # rank 1 has written nothing
+        harness.make_save(save, {"rng_state_1.pth": rng_state_bytes(1)[:-5]})
+        assert w.scan() == []  # rank 1 was cut short
+        harness.make_save(save, {"rng_state_1.pth": rng_state_bytes(1)})
+        assert steps(w.scan()) == [10]
+
+    def test_hf_world_size_and_settle_together(self, harness: Harness) -> None:
+        """Every rank complete, the save still waits for its listing to settle; one listing serves both."""
+        clock = FakeClock()
+        store = RecordingStore(harness.store())
+        files = {"trainer_state.json": STATE, "rng_state_0.pth": rng_state_bytes(0)}
+        harness.make_save(f"{EXEC}/checkpoint-10", {**files, "rng_state_1.pth": rng_state_bytes(1)})
+        w = watcher(store, settle=5, clock=clock, world_size=2)
+        assert w.scan() == []
+        assert store.count("files") == 1
+        clock.advance(5)
+        assert steps(w.scan()) == [10]
+
+    def test_invalid_world_size(self) -> None:
+        """A world size that is not a whole number from 1 is refused."""
+        for bad in (0, -1, True, 2.0):
+            with pytest.raises(InvalidError, match="world size"):
+                watcher(InMemoryStore(), world_size=bad)
 
     def test_hf_waits_for_the_listing_to_settle(self, harness: Harness) -> None:
         """An hf save goes out once its listing was unchanged for the settle time; a change restarts it."""
@@ -492,6 +529,35 @@ class TestWatch:
         created = watcher(harness.store(), interval=10, settle=0.2).watch(stop)
         assert steps(created) == [5]
         assert 0.2 <= time.monotonic() - started < 5
+
+    def test_drain_waits_for_a_dcp_save_still_being_written(self, tmp_path: Path) -> None:
+        """After a stop, a dcp save without .metadata yet is looked at again, within the settle time."""
+
+        class MetadataOnSecondLook(PosixStore):
+            __slots__ = ("looks",)
+
+            def folders(self, location: str) -> list[Folder]:
+                self.looks = getattr(self, "looks", 0) + 1
+                if self.looks == 2:  # the coordinator renames .metadata into place between two scans
+                    (tmp_path / EXEC / "step-3" / ".metadata").write_bytes(b"m")
+                return super().folders(location)
+
+        (tmp_path / EXEC / "step-3").mkdir(parents=True)
+        (tmp_path / EXEC / "step-3" / "__0_0.distcp").write_bytes(b"x")
+        stop = threading.Event()
+        stop.set()
+        created = watcher(MetadataOnSecondLook(str(tmp_path)), DCP, interval=0.05, settle=30).watch(stop)
+        assert steps(created) == [3]
+
+    def test_dcp_drain_is_bounded_by_the_settle_time(self, tmp_path: Path) -> None:
+        """A dcp save whose .metadata never comes ends the drain after the settle time, unpublished."""
+        (tmp_path / EXEC / "step-3").mkdir(parents=True)
+        stop = threading.Event()
+        stop.set()
+        started = time.monotonic()
+        created = watcher(PosixStore(str(tmp_path)), DCP, interval=0.05, settle=0.3).watch(stop)
+        assert created == []
+        assert 0.3 <= time.monotonic() - started < 1.5
 
     def test_once_with_dcp_is_one_scan(self, harness: Harness) -> None:
         """With settle 0, a stopped watch is exactly one scan."""
