@@ -549,6 +549,18 @@ class TestWatch:
         created = watcher(MetadataOnSecondLook(str(tmp_path)), DCP, interval=0.05, settle=30).watch(stop)
         assert steps(created) == [3]
 
+    def test_drain_does_not_wait_for_a_dead_rank(self, tmp_path: Path) -> None:
+        """An hf save missing a rank's file does not hold the drain: once it came, it would need a settle."""
+        folder = tmp_path / EXEC / "checkpoint-4"
+        write_hf_save(folder, 4)
+        (folder / "rng_state_0.pth").write_bytes(rng_state_bytes(0))
+        stop = threading.Event()
+        stop.set()
+        started = time.monotonic()
+        w = watcher(PosixStore(str(tmp_path)), interval=0.05, settle=5, world_size=2)
+        assert w.watch(stop) == []
+        assert time.monotonic() - started < 2
+
     def test_dcp_drain_is_bounded_by_the_settle_time(self, tmp_path: Path) -> None:
         """A dcp save whose .metadata never comes ends the drain after the settle time, unpublished."""
         (tmp_path / EXEC / "step-3").mkdir(parents=True)

@@ -20,8 +20,9 @@ Rules this module keeps (docs/adr/0008-watcher.md says why):
    it, and the stuck thread does not keep the process alive. A watcher whose scan timed out is spent: it
    publishes nothing more, and a later ``scan`` raises ``ScanTimeoutError`` while the old one is stuck.
 6. On stop, ``watch`` scans once more, then keeps scanning, for at most the settle time after that scan,
-   while some save is still on its way: an ``hf`` save with complete markers that has not settled yet or
-   whose ranks' files are not all complete, or a ``dcp`` save without ``.metadata``; then it returns.
+   while some save is still on its way: an ``hf`` save with complete markers that has not settled yet, or a
+   ``dcp`` save without ``.metadata``; then it returns. (An ``hf`` save whose rank is still writing is not
+   waited for: once the rank finished, the changed listing would need a whole settle time again.)
 7. With a world size above 1 (``hf``), a save whose other markers pass is listed and its ranks' files read
    (``read_rank_states``) on every scan until it is published; the listing doubles as the settle look.
 """
@@ -121,7 +122,7 @@ class Watcher:
         self.clock = clock
         self._published: set[str] | None = None  # locations published at our epoch; None until learned
         self._settling: dict[str, Listing] = {}  # location -> first look since which nothing changed
-        self._outstanding: set[str] = set()  # saves still waiting for a marker or a rank's file (rule 6)
+        self._outstanding: set[str] = set()  # dcp saves still waiting for .metadata (rule 6)
         self._scan_lock = threading.Lock()
         self._spent = False  # a scan timed out: publish nothing more (rule 5)
 
@@ -202,9 +203,8 @@ class Watcher:
             self._settling.pop(location, None)
         else:
             self._settling[location] = verdict.since
-        on_its_way = self.framework is Framework.DCP or markers_pass  # no .metadata yet, or a rank writing
-        if not verdict.complete and verdict.since is None and on_its_way:
-            self._outstanding.add(location)
+        if self.framework is Framework.DCP and not verdict.complete:
+            self._outstanding.add(location)  # no .metadata yet: the drain looks again (rule 6)
         if not verdict.complete:
             _log.debug("not yet: %s: %s", location, verdict.reason)
         return verdict.complete
@@ -263,8 +263,8 @@ class Watcher:
     def _earliest_settled(self) -> float | None:
         """When the soonest save on its way could next be found complete, or ``None`` when none is.
 
-        A save waiting for a marker or a rank's file could complete at any time: ``inf`` here, so the drain
-        looks again after one interval.
+        A ``dcp`` save waiting for ``.metadata`` could complete at any time: ``inf`` here, so the drain looks
+        again after one interval.
         """
         if not self._settling:
             return math.inf if self._outstanding else None

@@ -38,7 +38,6 @@ from __future__ import annotations
 import enum
 import json
 import math
-import struct
 from collections.abc import Iterable
 
 import attrs
@@ -237,23 +236,28 @@ def check_zip_tail(file: FileTail) -> str | None:
     lowest = max(0, len(data) - ZIP_TAIL_BYTES)
     limit = len(data) - 18  # the signature must start 22 bytes or more before the end
     while (at := data.rfind(_EOCD, lowest, limit)) >= 0:
-        (comment_length,) = struct.unpack_from("<H", data, at + 20)
+        comment_length = _le(data, at + 20, 2)
         if at + 22 + comment_length == len(data):
             return _check_central_directory(data, at, skipped)
         limit = at + 3  # look further back, past this false match
     return "no end-of-central-directory record at its end"
 
 
+def _le(data: bytes, at: int, size: int) -> int:
+    """The unsigned little-endian integer of ``size`` bytes at ``data[at:]`` (as zip stores them)."""
+    return int.from_bytes(data[at : at + size], "little")
+
+
 def _check_central_directory(data: bytes, at: int, skipped: int) -> str | None:
     """Check that the central directory ends where the end record at ``data[at:]`` says it does."""
-    cd_size, cd_offset = struct.unpack_from("<II", data, at + 12)
+    cd_size, cd_offset = _le(data, at + 12, 4), _le(data, at + 16, 4)
     record = skipped + at  # where the end record starts in the file
     if at >= 20 and data[at - 20 : at - 16] == _ZIP64_LOCATOR:
-        (record,) = struct.unpack_from("<Q", data, at - 12)
+        record = _le(data, at - 12, 8)
         inside = record - skipped
         if not (0 <= inside <= len(data) - 56 and data[inside : inside + 4] == _ZIP64_EOCD):
             return "its zip64 end record is missing"
-        cd_size, cd_offset = struct.unpack_from("<QQ", data, inside + 40)
+        cd_size, cd_offset = _le(data, inside + 40, 8), _le(data, inside + 48, 8)
     elif 0xFFFFFFFF in (cd_size, cd_offset):
         return "its end record points to a zip64 record that is not there"
     if cd_offset + cd_size != record:
