@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -711,3 +714,51 @@ class TestWithSimulatedTrainer:
         verified = resolve_verified(store.inner, framework)
         assert verified.entry is not None
         assert verified.entry.step == max(int(f.rsplit("-", 1)[1]) for f in published)
+
+
+class TestWatchCommandWorldSize:
+    """``ckpt watch --world-size N`` and its default, ``WORLD_SIZE``, run as the real CLI."""
+
+    @staticmethod
+    def watch_once(root: Path, *args: str, world_size_env: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+        if world_size_env is not None:
+            env["WORLD_SIZE"] = world_size_env
+        command = ["--root", str(root), "--json", "watch", "--framework", "hf", "--attempt", ATTEMPT]
+        return subprocess.run(
+            [sys.executable, "-m", "ckpt", *command, "--epoch", "1", "--once", "--settle", "0", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    def test_option_beats_the_environment(self, tmp_path: Path) -> None:
+        """--world-size wins over WORLD_SIZE; WORLD_SIZE applies when the option is absent."""
+        folder = tmp_path / EXEC / "checkpoint-3"
+        write_hf_save(folder, 3)
+        (folder / "rng_state_0.pth").write_bytes(rng_state_bytes(0))
+        held = self.watch_once(tmp_path, world_size_env="2")
+        assert (held.returncode, held.stdout) == (0, '{"published": []}\n'), held.stderr
+        assert "world size 2" in held.stderr
+        held = self.watch_once(tmp_path, "--world-size", "2", world_size_env="1")
+        assert (held.returncode, held.stdout) == (0, '{"published": []}\n'), held.stderr
+        done = self.watch_once(tmp_path, "--world-size", "1", world_size_env="2")
+        assert done.returncode == 0, done.stderr
+        assert [e["step"] for e in json.loads(done.stdout)["published"]] == [3]
+
+    @pytest.mark.parametrize(
+        ("args", "env", "message"),
+        [
+            (("--world-size", "0"), None, "world size 0 must be between 1"),
+            (("--world-size", "1.5"), None, "world size '1.5' is not a whole number"),
+            ((), "eight", "WORLD_SIZE in the environment: world size 'eight' is not a whole number"),
+        ],
+    )
+    def test_bad_world_size_exits_2(
+        self, tmp_path: Path, args: tuple[str, ...], env: str | None, message: str
+    ) -> None:
+        """A world size that is not a whole number from 1, from the option or the environment, exits 2."""
+        done = self.watch_once(tmp_path, *args, world_size_env=env)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr
