@@ -131,7 +131,7 @@ class TestResolveVerified:
                 200,
                 (
                     "rng_state_1.pth is not a complete zip: no end-of-central-directory record at its end "
-                    "(rank 1 was cut short)"
+                    "(rank 1 of 2 was cut short)"
                 ),
             ),
         ]
