@@ -135,15 +135,20 @@ def _cmd_resolve(ctx: Context) -> int:
     skipped: list[dict[str, Any]] = []
     if ctx.args.framework:
         from ckpt.cli.output import entry_document
-        from ckpt.domain.frameworks import parse_framework
+        from ckpt.domain.frameworks import parse_framework, parse_world_size
         from ckpt.verify import resolve_verified
 
-        verified = resolve_verified(store, parse_framework(ctx.args.framework))
+        # The world size of the run that *wrote* the saves: given explicitly, never taken from WORLD_SIZE,
+        # which describes the resuming run (docs/adr/0008-watcher.md).
+        world_size = None if ctx.args.world_size is None else parse_world_size(ctx.args.world_size)
+        verified = resolve_verified(store, parse_framework(ctx.args.framework), world_size=world_size)
         for passed, reason in verified.skipped:
             ctx.warn(f"skipped {store.location(passed)}: {reason}")
             skipped.append({"entry": entry_document(store, passed), "reason": reason})
         entry = verified.entry
     else:
+        if ctx.args.world_size is not None:
+            raise UsageError("--world-size applies to a verified resolve: pass --framework hf as well")
         entry = store.resolve()
     if entry is None:
         what = f"no complete {ctx.args.framework} save" if ctx.args.framework else "nothing"
@@ -253,6 +258,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     p = commands.add_parser("resolve", help="location of the latest save")
     p.add_argument("--framework", choices=("hf", "dcp"), help="verify the save against the framework's rule")
+    p.add_argument(
+        "--world-size", metavar="N", help="hf: processes that wrote the saves; all their files must be there"
+    )
     p.set_defaults(handler=_cmd_resolve)
 
     p = commands.add_parser("entries", help="every entry, ascending: <epoch> <step> <location>")

@@ -6,7 +6,10 @@ Rules:
    URL, or a path relative to the root) or else ``exec_dir(--attempt | DISPATCH_ATTEMPT)``; the epoch from
    ``--epoch | DISPATCH_EPOCH``. ``--interval`` (10), ``--settle`` (the interval for ``hf``, 0 for ``dcp``)
    and ``--scan-timeout`` (120) are seconds, fractions allowed: plain decimals only (no sign, exponent,
-   ``inf`` or ``nan``); interval and scan timeout must be > 0. Anything invalid is ``InvalidError`` (exit 2).
+   ``inf`` or ``nan``); interval and scan timeout must be > 0. ``--world-size N`` (default ``WORLD_SIZE``
+   from the environment the sidecar shares with the trainer; unset: unknown) is the number of training
+   processes; for ``hf`` above 1 every rank's ``rng_state_<i>.pth`` must be complete. Anything invalid is
+   ``InvalidError`` (exit 2).
 2. One log line per publication through the ``ckpt`` logger (text or JSON lines, as ``--log-format`` set it).
 3. SIGTERM and SIGINT stop the watcher: it drains (at most the settle time) and the command exits 0.
    ``--once`` is a watch stopped right after its first scan.
@@ -30,7 +33,7 @@ from typing import IO, Any, Protocol
 
 from ckpt.domain.entries import Entry, parse_epoch, validate_save
 from ckpt.domain.errors import InvalidError
-from ckpt.domain.frameworks import Framework, parse_framework
+from ckpt.domain.frameworks import Framework, parse_framework, parse_world_size
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import WatchStore
 
@@ -80,6 +83,11 @@ def register(commands: Any) -> None:
         help=f"give up on a scan after this long (default {DEFAULT_SCAN_TIMEOUT:g})",
     )
     p.add_argument(
+        "--world-size",
+        metavar="N",
+        help="hf: number of training processes; each rank's files must be complete (WORLD_SIZE)",
+    )
+    p.add_argument(
         "--once", action="store_true", help="scan once (waiting at most the settle time), then exit"
     )
     p.set_defaults(handler=_handle)
@@ -122,6 +130,20 @@ def _epoch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if text is None:
         raise InvalidError("no epoch: pass --epoch or set DISPATCH_EPOCH")
     return parse_epoch(text)
+
+
+def _world_size(args: argparse.Namespace, environ: Mapping[str, str]) -> int | None:
+    """``--world-size``, else ``WORLD_SIZE`` from the environment, else ``None`` (unknown)."""
+    text = getattr(args, "world_size", None)
+    if text is not None:
+        return parse_world_size(text)
+    text = environ.get("WORLD_SIZE") or None
+    if text is None:
+        return None
+    try:
+        return parse_world_size(text)
+    except InvalidError as exc:
+        raise InvalidError(f"WORLD_SIZE in the environment: {exc}") from exc
 
 
 @contextmanager
@@ -175,6 +197,7 @@ def run(
     )
     epoch = _epoch(args, env)
     location = saves_location(store, args, env)
+    world_size = _world_size(args, env)
 
     def published(entry: Entry) -> None:
         # The entry's fields go in as structured fields: the text format prints them as key=value, the
@@ -197,6 +220,7 @@ def run(
         interval,
         settle=settle,
         scan_timeout=scan_timeout,
+        world_size=world_size,
         on_published=published,
     )
     stop = threading.Event()
@@ -204,13 +228,14 @@ def run(
         stop.set()
     with _stop_on_signals(stop):
         _log.info(
-            "watching %s for %s saves at epoch %d every %gs (settle %gs, scan timeout %gs)%s",
+            "watching %s for %s saves at epoch %d every %gs (settle %gs, scan timeout %gs, world size %s)%s",
             location,
             framework,
             epoch,
             watcher.interval,
             watcher.settle,
             scan_timeout,
+            "unknown" if world_size is None else world_size,
             " once" if args.once else "",
         )
         created = watcher.watch(stop)
