@@ -65,8 +65,9 @@ from ckpt.domain.errors import (
 )
 from ckpt.domain.names import MAX_NAME_BYTES, format_entry_name, latest_entry_name, parse_entry_names
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
-from ckpt.domain.proxy import ProxyRule, is_cgi, redact_url
+from ckpt.domain.proxy import ProxyRule, is_cgi
 from ckpt.domain.prune import Overlap, plan_prune
+from ckpt.domain.redaction import redact_url
 
 if TYPE_CHECKING:
     from ckpt.config import Config
@@ -127,14 +128,6 @@ class S3Root:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
 
-def _redact_userinfo(root: str) -> str:
-    scheme, sep, rest = root.partition("://")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return f"{scheme}{sep}{authority}{slash}{path}"
-
-
 def _bucket_error(bucket: str) -> str | None:
     if not 3 <= len(bucket) <= 63:
         return f"bucket name {bucket!r} must be 3 to 63 characters long"
@@ -181,8 +174,9 @@ def parse_s3_root(root: str) -> S3Root:
     S3Root(bucket='ml-checkpoints', prefix='team-a/run-42/')
     """
     if not isinstance(root, str) or not root.startswith("s3://"):
-        raise InvalidError(f"root {root!r} is not an s3:// URL")
-    shown = _redact_userinfo(root)
+        quoted = redact_url(root, keep_user=False) if isinstance(root, str) else root
+        raise InvalidError(f"root {quoted!r} is not an s3:// URL")
+    shown = redact_url(root, keep_user=False)
 
     def invalid(why: str) -> InvalidError:
         return InvalidError(f"root {shown!r} is not a valid S3 root: {why}")
@@ -285,6 +279,8 @@ def _endpoint_of(url: object) -> str:
     """Return ``scheme://host[:port]`` of a URL: no user-info, path or query (they may carry request data)."""
     if not isinstance(url, str) or not url:
         return "the S3 endpoint"
+    # Redacted first: a scheme-less "key:secret@host" would otherwise pass its user name off as a scheme.
+    url = redact_url(url, keep_user=False)
     try:
         parts = urlsplit(url)
         host = parts.hostname or "?"

@@ -39,6 +39,7 @@ import attrs
 from ckpt.creds.files import read_secret_file
 from ckpt.creds.model import Credentials
 from ckpt.domain.errors import CkptError, ConfigError, CredentialsError
+from ckpt.domain.redaction import redact_url
 
 __all__ = [
     "DEFAULT_JWT_FILE",
@@ -131,15 +132,6 @@ def _is_loopback(host: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return ip.ipv4_mapped.is_loopback
     return ip.is_loopback
-
-
-def _redacted_proxy(proxy: str) -> str:
-    try:
-        parts = urlsplit(proxy)
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<malformed proxy URL>"
-    return f"{parts.scheme}://{parts.hostname}{port}"
 
 
 @attrs.frozen
@@ -275,7 +267,8 @@ class VaultSource:
     def __attrs_post_init__(self) -> None:
         problem = vault_address_problem(self.address, allow_insecure_http=self.allow_insecure_http)
         if problem is not None:
-            raise ConfigError(f"Vault address {self.address!r} is refused: {problem}")
+            shown = redact_url(self.address, keep_user=False)
+            raise ConfigError(f"Vault address {shown!r} is refused: {problem}")
         self.path = self.path.strip("/")
         self.mount = self.mount.strip("/")
         if not self.path or not self.mount:
@@ -480,7 +473,7 @@ class VaultSource:
         session.max_redirects = 0
         session.hooks["response"].append(self._refuse_redirect)
         if proxy:
-            _log.debug("%s: reaching %s through proxy %s", self.name, self.address, _redacted_proxy(proxy))
+            _log.debug("%s: reaching %s through proxy %s", self.name, self.address, redact_url(proxy))
         return hvac.Client(
             url=self.address,
             token="",  # never None: hvac would read VAULT_TOKEN or ~/.vault-token

@@ -50,9 +50,13 @@ Rules:
      reports it in :attr:`ProxyRule.ignored_no_proxy_entries` for the shell to warn about.
 
 8. Secrets. A proxy URL may carry a password. ``repr()`` and every message here show it redacted by
-   :func:`redact_url` (``user:***@``); only :meth:`ProxyRule.proxy_for` returns it in clear, for the client.
+   :func:`~ckpt.domain.redaction.redact_url` (``user:***@``), the project's one redaction helper, and
+   quote no other piece of a value (not its "scheme" when that is not a well-formed scheme, not its
+   port): in a malformed value such a piece may be the password. Only :meth:`ProxyRule.proxy_for`
+   returns a password in clear, for the client.
 
-Pure: the standard library's ``ipaddress`` and ``re`` and its ``idna`` codec, and ``attrs``.
+Pure: the standard library's ``ipaddress`` and ``re`` and its ``idna`` codec, ``attrs``, and
+:mod:`ckpt.domain.redaction`.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from typing import Final
 import attrs
 
 from ckpt.domain.errors import ConfigError, ProxyConfigError
+from ckpt.domain.redaction import redact_url
 
 __all__ = [
     "ProxyRule",
@@ -88,35 +93,11 @@ _UNSAFE_CHARS: Final = re.compile(r"[\x00-\x20\x7f]")
 _FORBIDDEN_HOST_CHARS: Final = re.compile(r"[#%/:<>?@\[\\\]^|]")
 # RFC 3986 §3.1: a scheme is a letter followed by letters, digits, "+", "-" and ".".
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-_SCHEME_AND_SLASHES: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 # Rule 7: a domain entry, after the leading "." or "*." is removed and IDNA is applied.
 _DOMAIN_ENTRY: Final = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?")
 # Rule 7: "[2001:db8::1]:443", the only bracketed entry form.
 _BRACKETED_ENTRY: Final = re.compile(r"\[([^\[\]]+)\]:([0-9]+)")
 _PORT: Final = re.compile(r"[0-9]{1,5}")
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` with the password of its user-info replaced by ``***``.
-
-    Works on malformed values too, so error messages can show them. Everything after a leading
-    ``scheme://`` (or from the start) up to the *last* ``@`` counts as user-info, so a password with an
-    unescaped ``/`` or ``@`` is still hidden; a URL with ``@`` only in its path is over-redacted, which is
-    the safe way to be wrong. A user name without a password is hidden too (it is often a token).
-
-    >>> redact_url("http://alice:s3cr3t@proxy.example:3128")
-    'http://alice:***@proxy.example:3128'
-    >>> redact_url("http://token@proxy.example")
-    'http://***@proxy.example'
-    """
-    scheme = _SCHEME_AND_SLASHES.match(url)
-    start = scheme.end() if scheme else 0
-    at = url.rfind("@", start)
-    if at < 0:
-        return url
-    user, colon, _password = url[start:at].partition(":")
-    shown = f"{user}:***" if colon else "***"
-    return f"{url[:start]}{shown}{url[at:]}"
 
 
 def is_cgi(environ: Mapping[str, str]) -> bool:
@@ -145,9 +126,12 @@ def parse_proxy_url(value: str, *, source: str = "proxy") -> str:
     if "\\" in value:
         raise refuse("it contains a backslash")
     if "://" in value:
-        scheme, _, rest = value.partition("://")
-        scheme = scheme.lower()
+        scheme_text, _, rest = value.partition("://")
+        scheme = scheme_text.lower()
         if scheme not in _PROXY_SCHEMES:
+            if not _SCHEME.fullmatch(scheme_text + ":"):
+                # Not a scheme, so possibly user-info (":p%40ss@://"): never quote it on its own.
+                raise refuse("the text before '://' is not a URL scheme (use http:// or https://)")
             raise refuse(f"scheme {scheme!r} is not supported (use http:// or https://)")
     else:
         scheme, rest = "http", value
@@ -220,7 +204,8 @@ def _canonical_name(name: str) -> str:
 def _parse_port(text: str) -> int:
     """Parse a decimal port 1-65535, or raise ValueError."""
     if not _PORT.fullmatch(text) or not 0 < int(text) <= 65535:
-        raise ValueError(f"port {text!r} is not a number from 1 to 65535")
+        # The port text is not quoted: in a malformed value it may be a password ("http://alice:s3cr3t").
+        raise ValueError("its port is not a number from 1 to 65535")
     return int(text)
 
 
