@@ -39,14 +39,16 @@ Rules:
    * ``10.0.0.0/8``, ``2001:db8::/32``: a network (host bits may be set); matches IP targets in it.
    * ``1.2.3.4``, ``2001:db8::1``: one address, any port. ``1.2.3.4:80``, ``[2001:db8::1]:443``: that
      address and port. IPv4-mapped IPv6 addresses compare as their IPv4 address; zones are ignored.
+   * An empty port (``example.com:``, ``1.2.3.4:``, ``[2001:db8::1]:``) means any port, as in Go, whose
+     ``net.SplitHostPort`` splits such an entry into the host and an empty port that matches every port.
    * ``example.com``: that name and its subdomains on a label boundary (not ``notexample.com``).
      ``.example.com`` and ``*.example.com``: subdomains only. Any of them may end in ``:port``.
      Labels are letters, digits, ``-`` and ``_``, with an optional final dot; non-ASCII names are compared
      in IDNA form.
    * Domain entries never match an IP target. So ``*.example.com`` does not bypass the proxy for
      ``http://[fe80::1%25.example.com]/`` (the zone is not a domain): the CVE-2025-22870 fix.
-   * Every other entry is malformed and never matches (``:443``, ``https://example.com``, ``*:80``,
-     ``[2001:db8::1]`` without a port, ``example.com:``, a zone in an entry). It does not raise: the rule
+   * Every other entry is malformed and never matches (``:443``, ``:``, ``https://example.com``,
+     ``*:80``, ``[2001:db8::1]`` without a port, a zone in an entry). It does not raise: the rule
      reports it in :attr:`ProxyRule.ignored_no_proxy_entries` for the shell to warn about.
 
 8. Secrets. A proxy URL may carry a password. ``repr()`` and every message here show it redacted by
@@ -95,8 +97,8 @@ _FORBIDDEN_HOST_CHARS: Final = re.compile(r"[#%/:<>?@\[\\\]^|]")
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 # Rule 7: a domain entry, after the leading "." or "*." is removed and IDNA is applied.
 _DOMAIN_ENTRY: Final = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?")
-# Rule 7: "[2001:db8::1]:443", the only bracketed entry form.
-_BRACKETED_ENTRY: Final = re.compile(r"\[([^\[\]]+)\]:([0-9]+)")
+# Rule 7: "[2001:db8::1]:443" or "[2001:db8::1]:" (any port), the only bracketed entry forms.
+_BRACKETED_ENTRY: Final = re.compile(r"\[([^\[\]]+)\]:([0-9]*)")
 _PORT: Final = re.compile(r"[0-9]{1,5}")
 
 
@@ -334,14 +336,16 @@ def _parse_no_proxy_entry(entry: str) -> _Entry | None:
     if bracketed is not None:
         try:
             address = ipaddress.IPv6Address(bracketed.group(1))
-            return _Address(_unmap(address), _parse_port(bracketed.group(2)))
+            port_text = bracketed.group(2)
+            return _Address(_unmap(address), _parse_port(port_text) if port_text else None)
         except ValueError:
             return None
-    name, colon, port_text = entry.partition(":")
+    name, _, port_text = entry.partition(":")
     if ":" in port_text:  # several colons, yet not an IPv6 address
         return None
     try:
-        port = _parse_port(port_text) if colon else None
+        # "host:" (an empty port) means any port, as Go's net.SplitHostPort reads it.
+        port = _parse_port(port_text) if port_text else None
     except ValueError:
         return None
     try:
