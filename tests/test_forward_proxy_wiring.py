@@ -39,8 +39,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from ckpt.adapters.proxy import ProxyRoutes, proxies_for, requests_session, route_botocore_client
 from ckpt.adapters.s3 import S3Store, open_s3_store
 from ckpt.config import Config, S3Settings
+from ckpt.creds.vault import KubernetesAuth, VaultSource
 from ckpt.domain.errors import ProxyConfigError
 from ckpt.domain.proxy import ProxyRule
+from fake_vault import FakeVault
 from s3_support import FAKE_ENV, new_bucket_name, raw_client
 from support.forward_proxy import (
     Delay,
@@ -673,6 +675,86 @@ class TestS3StoreDecidesForTheHostItContacts:
         assert store.connection is not None
         origin = f"http://{bucket}.unresolvable-s3:{urlsplit(moto_server).port}"
         assert store.connection.routes() == {origin: None}
+
+
+class TestVaultSourceThroughTheRule:
+    """The Vault credential source sends its requests through ``adapters.proxy.requests_session``.
+
+    The fake Vault is reached as ``vault.unresolvable.test``, a name only the recording proxy resolves
+    (or the test resolver, when a case puts it there), and over plain http, which a non-loopback Vault
+    address may use only with ``allow_insecure_http``.
+    """
+
+    @pytest.fixture
+    def vault(self) -> Iterator[FakeVault]:
+        with FakeVault() as fake:
+            fake.allow_kubernetes("publisher", "the-jwt")
+            fake.put_secret("s3/team-a", {"access_key_id": "AKIDVIAPROXY", "secret_access_key": "sk"})
+            yield fake
+
+    @staticmethod
+    def fetch(address: str, rule: ProxyRule, tmp_path: Path) -> str:
+        jwt = tmp_path / "jwt"
+        jwt.write_text("the-jwt")
+        jwt.chmod(0o600)
+        source = VaultSource(
+            address=address,
+            path="s3/team-a",
+            auth=KubernetesAuth("publisher", jwt),
+            allow_insecure_http=True,
+            proxy_for=rule.proxy_for,
+        )
+        try:
+            return source.fetch().access_key_id
+        finally:
+            source.close()
+
+    def test_vault_requests_go_through_the_recording_proxy(self, vault: FakeVault, tmp_path: Path) -> None:
+        """Login and read reach the fake Vault only through the proxy, with proxy credentials."""
+        port = urlsplit(vault.url).port
+        assert port is not None
+        resolve = {"vault.unresolvable.test": ("127.0.0.1", port)}
+        with ForwardProxy(resolve=resolve, credentials=(PROXY_USER, PROXY_PASSWORD)) as proxy:
+            rule = ProxyRule(http_proxy=proxy.url_with(PROXY_USER, PROXY_PASSWORD))
+            key = self.fetch(f"http://vault.unresolvable.test:{port}", rule, tmp_path)
+            recorded = proxy.requests
+        assert key == "AKIDVIAPROXY"
+        assert summary(recorded) == [
+            ("POST", f"vault.unresolvable.test:{port}", "/v1/auth/kubernetes/login", "forwarded"),
+            ("GET", f"vault.unresolvable.test:{port}", "/v1/secret/data/s3/team-a", "forwarded"),
+        ]
+        assert all(r.proxy_authorization for r in recorded)
+        assert all("proxy-authorization" not in r.headers for r in vault.requests)
+
+    def test_no_proxy_sends_vault_requests_direct(
+        self, vault: FakeVault, tmp_path: Path, hosts: dict[str, str]
+    ) -> None:
+        """A NO_PROXY entry for the Vault host sends both requests direct; the proxy sees nothing."""
+        hosts["vault.unresolvable.test"] = "127.0.0.1"
+        port = urlsplit(vault.url).port
+        with ForwardProxy() as proxy:
+            rule = ProxyRule(http_proxy=proxy.url, no_proxy=".unresolvable.test")
+            key = self.fetch(f"http://vault.unresolvable.test:{port}", rule, tmp_path)
+            assert (key, proxy.requests) == ("AKIDVIAPROXY", [])
+        assert [r.path for r in vault.requests] == ["/v1/auth/kubernetes/login", "/v1/secret/data/s3/team-a"]
+
+    def test_a_loopback_vault_is_reached_direct(self, vault: FakeVault, tmp_path: Path) -> None:
+        """A loopback Vault address is never proxied, even with a proxy and no NO_PROXY."""
+        with ForwardProxy() as proxy:
+            key = self.fetch(vault.url, ProxyRule(http_proxy=proxy.url, https_proxy=proxy.url), tmp_path)
+            assert (key, proxy.requests) == ("AKIDVIAPROXY", [])
+
+    def test_the_vault_session_is_the_rule_session(self, vault: FakeVault, tmp_path: Path) -> None:
+        """Production code builds its session with requests_session: same class, environment not trusted."""
+        source = VaultSource(
+            address=vault.url, path="s3/team-a", auth=KubernetesAuth("publisher", tmp_path / "jwt")
+        )
+        session = source._client_or_new().session
+        try:
+            assert type(session) is type(requests_session(ProxyRule()))
+            assert session.trust_env is False
+        finally:
+            source.close()
 
 
 class TestProxiesMapping:

@@ -10,11 +10,12 @@ client's settings, so that neither library consults the environment behind the r
   addressing (or after a region redirect) the client contacts another host, ``<bucket>.<endpoint host>``,
   which ``NO_PROXY`` may treat differently. :class:`ProxyRoutes` remembers each origin's route, for
   ``ckpt doctor``.
-* ``requests`` gets a session with ``trust_env=False`` that asks the rule again for every request it
-  sends, redirects included. Proxy credentials travel only in the proxy URL, which urllib3 turns into a
-  ``Proxy-Authorization`` header for the proxy alone; a ``Proxy-Authorization`` header on the request
-  itself is always removed, so that it can never reach an origin server (requests adds one on
-  redirects, and inside a CONNECT tunnel it would go to the origin).
+* ``requests`` (the Vault credential source's ``hvac`` client) gets a session with ``trust_env=False``
+  that asks the rule again for every request it sends, redirects included. Proxy credentials travel
+  only in the proxy URL, which urllib3 turns into a ``Proxy-Authorization`` header for the proxy alone;
+  a ``Proxy-Authorization`` header on the request itself is always removed, so that it can never reach
+  an origin server (requests adds one on redirects, and inside a CONNECT tunnel it would go to the
+  origin).
 
 Nothing is created at import time and no vendor module is imported here at module level.
 """
@@ -35,19 +36,30 @@ from ckpt.domain.redaction import redact_url
 if TYPE_CHECKING:
     import requests
 
-__all__ = ["ProxyRoutes", "probe_proxy", "proxies_for", "requests_session", "route_botocore_client"]
+__all__ = [
+    "ProxyChoice",
+    "ProxyRoutes",
+    "probe_proxy",
+    "proxies_for",
+    "requests_session",
+    "route_botocore_client",
+]
 
 _PROXY_AUTHORIZATION = "Proxy-Authorization"
 
 
-def proxies_for(rule: ProxyRule, url: str) -> dict[str, str]:
+#: What decides a request's proxy: a rule, or its ``proxy_for`` (or a stand-in with the same contract).
+ProxyChoice = ProxyRule | Callable[[str], str | None]
+
+
+def proxies_for(rule: ProxyChoice, url: str) -> dict[str, str]:
     """Return the scheme-keyed proxies mapping for ``url``: ``{}`` to go direct, else ``{scheme: proxy}``.
 
     Raises:
         ProxyConfigError: from :meth:`ProxyRule.proxy_for` (the CGI guard, or a malformed URL); its
             message never shows proxy user-info.
     """
-    proxy = rule.proxy_for(url)
+    proxy = rule.proxy_for(url) if isinstance(rule, ProxyRule) else rule(url)
     if proxy is None:
         return {}
     # proxy_for only answers a proxy for a well-formed http or https URL, so this split cannot fail.
@@ -157,7 +169,7 @@ def probe_proxy(proxy: str, timeout: float) -> str | None:
         return f"cannot connect ({type(exc).__name__})"
 
 
-def requests_session(rule: ProxyRule) -> requests.Session:
+def requests_session(rule: ProxyChoice) -> requests.Session:
     """Return a ``requests.Session`` that never reads the environment and routes every request by ``rule``.
 
     Each request, and each redirect it follows, goes through the proxy the rule picks for its own URL, or
@@ -173,14 +185,14 @@ def requests_session(rule: ProxyRule) -> requests.Session:
 
 
 @functools.cache
-def _rule_session_class() -> Callable[[ProxyRule], requests.Session]:
+def _rule_session_class() -> Callable[[ProxyChoice], requests.Session]:
     """Define the session class on first use, so that importing this module does not import requests."""
     import requests
 
     class RuleSession(requests.Session):
         """A session whose proxy choice comes from a :class:`ProxyRule` alone, request by request."""
 
-        def __init__(self, rule: ProxyRule) -> None:
+        def __init__(self, rule: ProxyChoice) -> None:
             super().__init__()
             self.trust_env = False
             self.proxy_rule = rule

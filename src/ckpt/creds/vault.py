@@ -3,11 +3,12 @@
 Rules for this module (each one closes a way a Vault token or secret could leak or be misused):
 
 - ``hvac`` and ``requests`` are imported inside functions: importing ``ckpt.creds`` needs neither.
-- The HTTP session is ours: ``trust_env=False`` (no ``*_PROXY``, ``REQUESTS_CA_BUNDLE`` or ``.netrc`` from the
-  environment), proxies from the injected ``proxy_for`` rule alone, TLS verified against the configured CA
-  bundle (or the system default). ``hvac.Client`` is always given an explicit token, URL, CA and client
-  certificate, so it never reads ``VAULT_TOKEN``, ``~/.vault-token``, ``VAULT_ADDR``, ``VAULT_CACERT`` or
-  ``VAULT_CLIENT_CERT``.
+- The HTTP session is the project's one proxy wiring, :func:`ckpt.adapters.proxy.requests_session`:
+  ``trust_env=False`` (no ``*_PROXY``, ``REQUESTS_CA_BUNDLE`` or ``.netrc`` from the environment), and the
+  proxy of every request decided by the injected ``proxy_for`` rule for that request's own URL; TLS
+  verified against the configured CA bundle (or the system default). ``hvac.Client`` is always given an
+  explicit token, URL, CA and client certificate, so it never reads ``VAULT_TOKEN``, ``~/.vault-token``,
+  ``VAULT_ADDR``, ``VAULT_CACERT`` or ``VAULT_CLIENT_CERT``.
 - Redirects are never followed: a 3xx answer is an error before anything is sent elsewhere. A Vault standby
   answers 307 to the active node, and ``requests`` would carry ``X-Vault-Token`` (not an ``Authorization``
   header, so not stripped) to wherever ``Location`` points.
@@ -461,14 +462,13 @@ class VaultSource:
 
     def _new_client(self) -> Any:
         import hvac
-        import requests
+
+        from ckpt.adapters.proxy import requests_session
 
         proxy = self.proxy_for(self.address)
-        proxies = {urlsplit(self.address).scheme: proxy} if proxy else {}
         verify: bool | str = str(self.ca_bundle) if self.ca_bundle is not None else True
-        session = requests.Session()
-        session.trust_env = False
-        session.proxies = dict(proxies)
+        # The rule decides each request's proxy (whatever proxies hvac passes along); trust_env is off.
+        session = requests_session(self.proxy_for)
         session.verify = verify
         session.max_redirects = 0
         session.hooks["response"].append(self._refuse_redirect)
@@ -480,7 +480,7 @@ class VaultSource:
             cert=(),  # never None: hvac would read VAULT_CLIENT_CERT
             verify=verify,  # never None: hvac would read VAULT_CACERT
             timeout=self.timeout,
-            proxies=dict(proxies),
+            proxies={},  # ignored by the session, which asks the rule; never None
             allow_redirects=False,
             session=session,
             namespace=self.namespace,
