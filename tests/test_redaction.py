@@ -8,18 +8,21 @@ store's root, the S3 endpoint URL and the Vault address.
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from ckpt import open_store
-from ckpt.adapters.s3 import connect_s3, parse_s3_root
+from ckpt.adapters.posix import PosixStore
+from ckpt.adapters.s3 import S3Store, connect_s3, parse_s3_root
 from ckpt.config import Config, S3Settings
 from ckpt.creds.config import validate_credentials_config
 from ckpt.creds.vault import KubernetesAuth, VaultSource
 from ckpt.domain.errors import CkptError, ConfigError, InvalidError, ProxyConfigError
 from ckpt.domain.proxy import ProxyRule, parse_proxy_url
 from ckpt.domain.redaction import redact_url
+from test_cli import ckpt
 
 SECRET = "Zq9Secret"
 
@@ -145,6 +148,42 @@ class TestOtherUrls:
             validate_credentials_config(tables)
         assert caught.value.key == "credentials[0].address"
         assert SECRET not in str(caught.value)
+
+
+class TestSaveLocations:
+    """A save location given as a URL is quoted with its user-info hidden when it is refused."""
+
+    @pytest.mark.parametrize(
+        "location",
+        [
+            f"s3://AKIDEXAMPLE:{SECRET}@bucket/exec/a/checkpoint-1",  # user-info: not under the root
+            f"https://AKIDEXAMPLE:{SECRET}@bucket/exec/a",  # not an s3:// URL
+        ],
+    )
+    def test_s3_save_of(self, location: str) -> None:
+        """S3Store.save_of refuses each location without showing its user-info."""
+        store = S3Store("s3://bucket", cast(Any, object()))
+        with pytest.raises(InvalidError) as caught:
+            store.save_of(location)
+        assert SECRET not in str(caught.value)
+        assert "AKIDEXAMPLE" not in str(caught.value)
+
+    def test_posix_save_of_a_url(self, tmp_path: Path) -> None:
+        """PosixStore.save_of refuses a URL (not an absolute path) without showing its user-info."""
+        with pytest.raises(InvalidError) as caught:
+            PosixStore(str(tmp_path)).save_of(f"https://AKIDEXAMPLE:{SECRET}@host/x")
+        assert SECRET not in str(caught.value)
+        assert "***@host/x" in str(caught.value)
+
+    def test_watch_saves_url_outside_the_root(self, tmp_path: Path) -> None:
+        """``ckpt watch --saves URL`` outside the root is refused (exit 2) without the URL's user-info."""
+        result = ckpt(
+            "--root", str(tmp_path), "watch", "--framework", "dcp", "--epoch", "1", "--once",
+            "--saves", f"s3://AKIDEXAMPLE:{SECRET}@bucket/exec/a",
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert "***@bucket/exec/a" in result.stderr
+        assert SECRET not in result.stderr + result.stdout
 
 
 class TestRedactUrl:

@@ -480,16 +480,17 @@ class S3Store:
 
         One trailing ``/`` is allowed. A location elsewhere, or naming an invalid save, is ``InvalidError``.
         """
+        shown = redact_url(location, keep_user=False) if isinstance(location, str) else location
         if not isinstance(location, str) or not location.startswith("s3://"):
-            raise InvalidError(f"save location {location!r} is not an s3:// URL under the root {self.root}")
+            raise InvalidError(f"save location {shown!r} is not an s3:// URL under the root {self.root}")
         candidate = location[:-1] if location.endswith("/") else location
         base = self.root + "/"
         if not candidate.startswith(base):
-            raise InvalidError(f"save location {location!r} is not under the root {self.root}")
+            raise InvalidError(f"save location {shown!r} is not under the root {self.root}")
         try:
             return validate_save(candidate[len(base) :])
         except InvalidError as exc:
-            raise InvalidError(f"save location {location!r}: {exc}") from None
+            raise InvalidError(f"save location {shown!r}: {exc}") from None
 
     def _folder_prefix(self, location: str) -> str:
         """Return the key prefix (ending in ``/``, or the root's own prefix) of a location under the root."""
