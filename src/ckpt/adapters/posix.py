@@ -45,6 +45,7 @@ from ckpt.domain.errors import (
 from ckpt.domain.names import LatestEntryScan, format_entry_name, latest_entry_name, parse_entry_names
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
 from ckpt.domain.prune import Overlap, plan_prune
+from ckpt.domain.redaction import redact_url
 
 __all__ = ["PosixStore", "Syscalls"]
 
@@ -172,7 +173,8 @@ class PosixStore:
         The location must be lexically under the root and clean; one trailing ``/`` is allowed.
         """
         if not isinstance(location, str) or not location.startswith("/"):
-            raise InvalidError(f"save location {location!r} is not an absolute path")
+            shown = redact_url(location, keep_user=False) if isinstance(location, str) else location
+            raise InvalidError(f"save location {shown!r} is not an absolute path")
         prefix = self._root.rstrip("/") + "/"
         candidate = location[:-1] if location.endswith("/") and location != "/" else location
         if not candidate.startswith(prefix):

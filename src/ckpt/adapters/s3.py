@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from ckpt.adapters.proxy import botocore_proxies
+from ckpt.adapters.proxy import ProxyRoutes
 from ckpt.domain.entries import PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
 from ckpt.domain.errors import (
     CkptError,
@@ -65,8 +65,9 @@ from ckpt.domain.errors import (
 )
 from ckpt.domain.names import MAX_NAME_BYTES, format_entry_name, latest_entry_name, parse_entry_names
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
-from ckpt.domain.proxy import ProxyRule, is_cgi, redact_url
+from ckpt.domain.proxy import ProxyRule, is_cgi
 from ckpt.domain.prune import Overlap, plan_prune
+from ckpt.domain.redaction import redact_url
 
 if TYPE_CHECKING:
     from ckpt.config import Config
@@ -127,14 +128,6 @@ class S3Root:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
 
-def _redact_userinfo(root: str) -> str:
-    scheme, sep, rest = root.partition("://")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return f"{scheme}{sep}{authority}{slash}{path}"
-
-
 def _bucket_error(bucket: str) -> str | None:
     if not 3 <= len(bucket) <= 63:
         return f"bucket name {bucket!r} must be 3 to 63 characters long"
@@ -181,8 +174,9 @@ def parse_s3_root(root: str) -> S3Root:
     S3Root(bucket='ml-checkpoints', prefix='team-a/run-42/')
     """
     if not isinstance(root, str) or not root.startswith("s3://"):
-        raise InvalidError(f"root {root!r} is not an s3:// URL")
-    shown = _redact_userinfo(root)
+        quoted = redact_url(root, keep_user=False) if isinstance(root, str) else root
+        raise InvalidError(f"root {quoted!r} is not an s3:// URL")
+    shown = redact_url(root, keep_user=False)
 
     def invalid(why: str) -> InvalidError:
         return InvalidError(f"root {shown!r} is not a valid S3 root: {why}")
@@ -285,6 +279,8 @@ def _endpoint_of(url: object) -> str:
     """Return ``scheme://host[:port]`` of a URL: no user-info, path or query (they may carry request data)."""
     if not isinstance(url, str) or not url:
         return "the S3 endpoint"
+    # Redacted first: a scheme-less "key:secret@host" would otherwise pass its user name off as a scheme.
+    url = redact_url(url, keep_user=False)
     try:
         parts = urlsplit(url)
         host = parts.hostname or "?"
@@ -380,21 +376,29 @@ def _s3_errors(action: str, location: str, bucket: str) -> Iterator[None]:
 
 
 class S3Connection:
-    """How :func:`make_s3_client` connected: the endpoint, the proxy it gets, and the signing credentials.
+    """How :func:`make_s3_client` connected: the endpoint, the proxy routes taken, the signing credentials.
 
-    ``doctor`` reports from it; nothing here holds a secret in its repr (the proxy URL is redacted and the
-    credentials object only names its source).
+    ``doctor`` reports from it; nothing here shows a secret (proxy URLs are redacted, the routes' rule has a
+    redacted repr, and the credentials object only names its source).
     """
 
-    __slots__ = ("_credentials", "endpoint", "proxy")
+    __slots__ = ("_credentials", "_routes", "endpoint")
 
-    def __init__(self, endpoint: str, proxy: str | None, credentials: Any) -> None:
+    def __init__(self, endpoint: str, routes: ProxyRoutes, credentials: Any) -> None:
         self.endpoint = endpoint
-        self.proxy = redact_url(proxy) if proxy else None
+        self._routes = routes
         self._credentials = credentials
 
     def __repr__(self) -> str:
-        return f"S3Connection(endpoint={self.endpoint!r}, proxy={self.proxy!r})"
+        return f"S3Connection(endpoint={self.endpoint!r}, routes={self.routes()!r})"
+
+    def routes(self) -> dict[str, str | None]:
+        """Each origin the client has sent a request to, and its proxy (redacted) or ``None`` for direct."""
+        return {origin: redact_url(p) if p else None for origin, p in self._routes.seen().items()}
+
+    def proxy_for(self, url: str) -> str | None:
+        """The proxy (in clear: for a connection, not for display) the client would take to ``url``."""
+        return self._routes.rule.proxy_for(url)
 
     @property
     def credentials_source(self) -> str | None:
@@ -476,16 +480,17 @@ class S3Store:
 
         One trailing ``/`` is allowed. A location elsewhere, or naming an invalid save, is ``InvalidError``.
         """
+        shown = redact_url(location, keep_user=False) if isinstance(location, str) else location
         if not isinstance(location, str) or not location.startswith("s3://"):
-            raise InvalidError(f"save location {location!r} is not an s3:// URL under the root {self.root}")
+            raise InvalidError(f"save location {shown!r} is not an s3:// URL under the root {self.root}")
         candidate = location[:-1] if location.endswith("/") else location
         base = self.root + "/"
         if not candidate.startswith(base):
-            raise InvalidError(f"save location {location!r} is not under the root {self.root}")
+            raise InvalidError(f"save location {shown!r} is not under the root {self.root}")
         try:
             return validate_save(candidate[len(base) :])
         except InvalidError as exc:
-            raise InvalidError(f"save location {location!r}: {exc}") from None
+            raise InvalidError(f"save location {shown!r}: {exc}") from None
 
     def _folder_prefix(self, location: str) -> str:
         """Return the key prefix (ending in ``/``, or the root's own prefix) of a location under the root."""
@@ -811,7 +816,10 @@ def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Conne
     endpoint = s3.endpoint_url
     effective_endpoint = endpoint or f"https://s3.{region}.amazonaws.com"
     rule = _proxy_rule(config, environ)
-    proxies = botocore_proxies(rule, effective_endpoint)
+    # Every request is decided for its own URL (route_botocore_client); asking once for the endpoint now
+    # makes a CGI refusal or a malformed endpoint fail here, before any credential lookup.
+    rule.proxy_for(effective_endpoint)
+    routes = ProxyRoutes(rule)
     client_config = botocore.config.Config(
         region_name=region,
         connect_timeout=s3.connect_timeout,
@@ -822,7 +830,7 @@ def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Conne
             "use_accelerate_endpoint": False,
             "use_dualstack_endpoint": False,
         },
-        proxies=proxies,
+        proxies={},  # never None: botocore would read HTTP(S)_PROXY; the rule routes every request
         ignore_configured_endpoint_urls=True,
         use_fips_endpoint=False,
         use_dualstack_endpoint=False,
@@ -838,14 +846,14 @@ def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Conne
             endpoint_url=endpoint,
             config=client_config,
             verify=s3.ca_bundle or True,
+            proxy_routes=routes,
         )
     except errors.BotoCoreError as exc:
         failure = InvalidError(f"cannot build the S3 client from the [s3] settings ({type(exc).__name__})")
     except ValueError:  # botocore refuses a malformed endpoint URL with ValueError (its text shows the URL)
         failure = InvalidError(f"s3.endpoint_url {_endpoint_of(endpoint)!r} is not a valid endpoint URL")
     else:
-        proxy = next(iter(proxies.values()), None)
-        return client, S3Connection(_endpoint_of(effective_endpoint), proxy, session.get_credentials())
+        return client, S3Connection(_endpoint_of(effective_endpoint), routes, session.get_credentials())
     raise failure
 
 

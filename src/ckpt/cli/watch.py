@@ -36,6 +36,7 @@ from ckpt.domain.errors import InvalidError
 from ckpt.domain.frameworks import Framework, parse_framework, parse_world_size
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import WatchStore
+from ckpt.domain.redaction import redact_url
 
 __all__ = ["register", "run"]
 
@@ -116,7 +117,8 @@ def saves_location(store: WatchStore, args: argparse.Namespace, environ: Mapping
         # Refuse a folder outside the root now, not at the first publication (which may be hours away).
         prefix = store.root.rstrip("/") + "/"
         if not saves.startswith(prefix):
-            raise InvalidError(f"--saves {saves!r} is not under the root {store.root}")
+            shown = redact_url(saves, keep_user=False)
+            raise InvalidError(f"--saves {shown!r} is not under the root {store.root}")
         validate_save(saves[len(prefix) :].rstrip("/"))
         return saves.rstrip("/")
     attempt = args.attempt if getattr(args, "attempt", None) is not None else environ.get("DISPATCH_ATTEMPT")

@@ -7,7 +7,8 @@ Rules for this module:
   ``os.devnull``, configured endpoint URLs are ignored). So ``AWS_PROFILE``, ``AWS_DEFAULT_REGION``,
   ``AWS_ENDPOINT_URL_S3``, ``AWS_CA_BUNDLE`` or a ``[profile]`` in ``~/.aws/config`` cannot redirect, re-key
   or weaken signed requests. Region, endpoint, CA bundle and proxies are passed explicitly by the S3
-  adapter (``create_s3_client`` insists on explicit proxies). ``BOTOCORE_EXPERIMENTAL__PLUGINS`` is the one
+  adapter (``create_s3_client`` insists on explicit proxies, then routes every request by the proxy
+  rule). ``BOTOCORE_EXPERIMENTAL__PLUGINS`` is the one
   ambient knob botocore offers no way to switch off per session.
 - The credential resolver holds exactly one provider, backed by our chain. Its credentials are a
   ``DeferredRefreshableCredentials``: nothing is fetched until the first request is signed; afterwards
@@ -39,8 +40,10 @@ import botocore.configprovider
 import botocore.credentials
 import botocore.session
 
+from ckpt.adapters.proxy import ProxyRoutes, route_botocore_client
 from ckpt.creds.model import Credentials, Source
 from ckpt.domain.errors import CredentialsError, InvalidError
+from ckpt.domain.proxy import ProxyRule
 
 __all__ = [
     "AUTH_ERROR_CODES",
@@ -342,12 +345,15 @@ def create_s3_client(
     endpoint_url: str | None,
     config: botocore.config.Config,
     verify: bool | str | None = None,
+    proxy_routes: ProxyRoutes | None = None,
 ) -> Any:
     """Create an S3 client on a :func:`make_botocore_session` session, with the auth retry installed.
 
     ``region_name`` and ``endpoint_url`` are explicit (``None`` means AWS's own endpoint for the region,
-    never one from the environment). ``config.proxies`` must be set (``{}`` for direct): left unset,
-    botocore would read ``HTTPS_PROXY`` behind the proxy rule's back.
+    never one from the environment). ``config.proxies`` must be set (``{}``): left unset, botocore would
+    read ``HTTPS_PROXY`` behind the proxy rule's back. Every request then takes the route
+    ``proxy_routes`` decides for its own URL (:func:`ckpt.adapters.proxy.route_botocore_client`);
+    ``None`` sends every request direct.
     """
     if config.proxies is None:
         raise InvalidError("the S3 client's proxies must be explicit (use {} for a direct connection)")
@@ -357,5 +363,6 @@ def create_s3_client(
     client = session.create_client(
         "s3", region_name=region_name, endpoint_url=endpoint_url, config=config, verify=verify
     )
+    route_botocore_client(client, proxy_routes or ProxyRoutes(ProxyRule()))
     install_auth_retry(client, credentials)
     return client
