@@ -457,7 +457,21 @@ class TestKillAndRestart:
         args = ("--framework", framework, "--interval", "0.05", "--settle", settle)
         for _ in range(rounds):
             watching = spawn("watch", *args)
-            time.sleep(rng.uniform(0.05, 0.8))
+            # Kill at a seeded moment after start-up, so a slow (loaded) machine kills at the same point of
+            # the watcher's life as a fast one, not before it has begun.
+            watching.wait_started()
+            time.sleep(rng.uniform(0.0, 0.75))
+            watching.kill()
+        # However the kills fell, at least one watcher must be killed after it published, while the trainer
+        # may still be writing: keep starting watchers, each killed right after pub/ grows (bounded).
+        for _ in range(rounds):
+            if pub_names(root):
+                break
+            watching = spawn("watch", *args)
+            watching.wait_started()
+            deadline = time.monotonic() + 30
+            while not pub_names(root) and time.monotonic() < deadline:
+                time.sleep(0.01)
             watching.kill()
         assert trainer.wait(timeout=60) == 0
         published_while_killing = len(pub_names(root))
