@@ -18,7 +18,15 @@ import attrs
 
 from ckpt.domain.errors import ConfigError
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_SECONDS", "Config", "S3Settings", "load_config", "parse_config"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_SECONDS",
+    "Config",
+    "S3Settings",
+    "endpoint_url_problem",
+    "load_config",
+    "parse_config",
+]
 
 _ADDRESSING = ("path", "virtual", "auto")
 #: The longest duration, in seconds, that any setting or option accepts (about 115 days): far beyond any
