@@ -246,6 +246,16 @@ class TestHostileArguments:
         assert_one_line_error(result, 2)
         assert "--keep" in result.stderr
 
+    @pytest.mark.parametrize("option", ["--epoch", "--step"])
+    @pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e3", "9" * 5000])
+    def test_publish_numbers_that_are_not_counts_exit_2(self, root: Path, option: str, value: str) -> None:
+        """--epoch and --step refuse inf, nan, negative, exponent and huge values with one line (exit 2)."""
+        rel = save(root, "exec/a/ck-1")
+        numbers = {"--epoch": "1", "--step": "1", option: value}
+        result = ckpt("--root", str(root), "publish", *(f"{k}={v}" for k, v in numbers.items()), rel)
+        assert_one_line_error(result, 2)
+        assert not (root / "pub").exists()
+
     def test_config_that_is_not_utf8_exits_2(self, root: Path, tmp_path: Path) -> None:
         """A configuration file that is not UTF-8 is a configuration error naming the file (exit 2)."""
         config = tmp_path / "ckpt.toml"
