@@ -203,11 +203,11 @@ class PosixStore:
         try:
             mode = self._sys.stat(self._root).st_mode
         except (FileNotFoundError, NotADirectoryError):
-            return NotFoundError(f"root {self._root!r} does not exist", location=self._root)
+            return NotFoundError(f"root {self._root} does not exist", location=self._root)
         except OSError as exc:
             return _storage_error("inspect the root", self._root, exc)
         if not stat.S_ISDIR(mode):
-            return StorageError(f"root {self._root!r} is not a directory", location=self._root)
+            return StorageError(f"root {self._root} is not a directory", location=self._root)
         return None
 
     def _open_pub(self, *, create: bool) -> int | None:
@@ -234,7 +234,7 @@ class PosixStore:
             try:
                 mode = self._sys.lstat(self._pub).st_mode
             except NotADirectoryError:
-                return StorageError(f"root {self._root!r} is not a directory", location=self._root)
+                return StorageError(f"root {self._root} is not a directory", location=self._root)
             except OSError:
                 mode = None
             if mode is not None and stat.S_ISLNK(mode):
@@ -254,7 +254,7 @@ class PosixStore:
             return  # another publisher made it; opening it checks what it is
         except OSError as exc:
             if exc.errno == errno.ENOENT:
-                raise NotFoundError(f"root {self._root!r} does not exist", location=self._root) from None
+                raise NotFoundError(f"root {self._root} does not exist", location=self._root) from None
             raise _storage_error("create", self._pub, exc) from exc
         try:
             self._sync_dir(self._root)
