@@ -335,7 +335,7 @@ class TestHostileArguments:
         assert_one_line_error(result, 2)
         assert "s3.endpoint_url" in result.stderr
         assert "hunter2-secret" not in result.stderr + result.stdout
-        assert "alice:***@s3.example" in result.stderr
+        assert "***@s3.example" in result.stderr
 
     @pytest.mark.parametrize("option", ["--root", "--config"])
     def test_a_newline_in_a_path_cannot_split_or_forge_the_error_line(

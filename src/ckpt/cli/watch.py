@@ -6,9 +6,7 @@ Rules:
    URL, or a path relative to the root) or else ``exec_dir(--attempt | DISPATCH_ATTEMPT)``; the epoch from
    ``--epoch | DISPATCH_EPOCH``. ``--interval`` (10), ``--settle`` (the interval for ``hf``, 0 for ``dcp``)
    and ``--scan-timeout`` (120) are seconds, fractions allowed: plain decimals only (no sign, exponent,
-   ``inf`` or ``nan``), at most ``ckpt.config.MAX_SECONDS`` (10,000,000, about 115 days, well below what the
-   platform can wait for); interval and scan timeout must be > 0. Anything invalid is ``InvalidError``
-   (exit 2).
+   ``inf`` or ``nan``); interval and scan timeout must be > 0. Anything invalid is ``InvalidError`` (exit 2).
 2. One log line per publication through the ``ckpt`` logger (text or JSON lines, as ``--log-format`` set it).
 3. SIGTERM and SIGINT stop the watcher: it drains (at most the settle time) and the command exits 0.
    ``--once`` is a watch stopped right after its first scan. The command installs its handlers before it
@@ -17,6 +15,8 @@ Rules:
 4. A scan error is raised; the CLI's ``main`` turns it into one ``ckpt: ...`` line and the exit code
    (storage and timeout 1, malformed log 5).
 5. ``--json`` prints ``{"published": [entry, ...]}`` once the watch ends normally.
+6. No seconds option (rule 1) exceeds ``ckpt.config.MAX_SECONDS`` (10,000,000, about 115 days): far below
+   what the platform can wait for, so a huge value is refused (exit 2) instead of overflowing a wait.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _handle(ctx: _Context) -> int:
 
 
 def parse_seconds(text: str, option: str, *, allow_zero: bool) -> float:
-    """Parse a number of seconds given to ``option`` (rule 1); ``InvalidError`` names the option."""
+    """Parse a number of seconds given to ``option`` (rules 1, 6); ``InvalidError`` names the option."""
     if not isinstance(text, str) or _SECONDS.fullmatch(text) is None:
         shown = text if not isinstance(text, str) or len(text) <= 40 else text[:40] + "..."
         raise InvalidError(f"{option} {shown!r} is not a number of seconds (such as 10 or 0.5)")
@@ -119,7 +119,7 @@ def saves_location(store: WatchStore, args: argparse.Namespace, environ: Mapping
         # Refuse a folder outside the root now, not at the first publication (which may be hours away).
         prefix = store.root.rstrip("/") + "/"
         if not saves.startswith(prefix):
-            raise InvalidError(f"--saves {saves!r} is not under the root {store.root!r}")
+            raise InvalidError(f"--saves {saves!r} is not under the root {store.root}")
         validate_save(saves[len(prefix) :].rstrip("/"))
         return saves.rstrip("/")
     attempt = args.attempt if getattr(args, "attempt", None) is not None else environ.get("DISPATCH_ATTEMPT")
