@@ -848,6 +848,8 @@ def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Conne
             verify=s3.ca_bundle or True,
             proxy_routes=routes,
         )
+    except CkptError:
+        raise  # ours (InvalidError is a ValueError too): already says what is wrong, keep it as it is
     except errors.BotoCoreError as exc:
         failure = InvalidError(f"cannot build the S3 client from the [s3] settings ({type(exc).__name__})")
     except ValueError:  # botocore refuses a malformed endpoint URL with ValueError (its text shows the URL)
