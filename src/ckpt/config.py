@@ -124,12 +124,13 @@ def endpoint_url_problem(url: str) -> str | None:
 
 
 def _check_endpoint_url(url: str) -> None:
-    from ckpt.domain.proxy import redact_url  # the one place user-info is hidden for display
+    from ckpt.domain.redaction import redact_url  # the one place user-info is hidden for display
 
     problem = endpoint_url_problem(url)
     if problem is not None:
         raise ConfigError(
-            f"s3.endpoint_url {redact_url(url)!r} cannot be used: {problem}", key="s3.endpoint_url"
+            f"s3.endpoint_url {redact_url(url, keep_user=False)!r} cannot be used: {problem}",
+            key="s3.endpoint_url",
         )
 
 
