@@ -24,10 +24,12 @@ that never will; then ``{"done": true}``.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +40,14 @@ HF_COMPLETE = ("plain", "sentinel", "late_rank", "staged")
 HF_NEVER = ("abandoned_sentinel", "abandoned_partial_state", "abandoned_array_state", "abandoned_staged")
 DCP_COMPLETE = ("plain",)
 DCP_NEVER = ("abandoned",)
+
+
+def rng_state_bytes(rank: int = 0) -> bytes:
+    """A small complete zip standing in for ``rng_state_<rank>.pth`` (``torch.save`` writes a zip)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("rng_state/data.pkl", bytes([rank]) * 512)
+    return buffer.getvalue()
 
 
 @dataclass(frozen=True)

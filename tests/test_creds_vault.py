@@ -420,7 +420,8 @@ class TestTransport:
         assert kube_source(vault, jwt_file, clock).fetch().access_key_id == KEY_ID
 
     def test_the_injected_proxy_rule_is_used(self, vault: FakeVault, jwt_file: Path, clock: Clock) -> None:
-        """``proxy_for`` is asked for the Vault address and every request goes through its answer."""
+        """``proxy_for`` is asked for every request's own URL (the session is ``adapters.proxy``'s), and
+        every request goes through its answer."""
         asked: list[str] = []
         with RelayServer() as proxy:
 
@@ -429,7 +430,11 @@ class TestTransport:
                 return proxy.url
 
             assert kube_source(vault, jwt_file, clock, proxy_for=proxy_for).fetch().access_key_id == KEY_ID
-        assert asked == [vault.url]
+        assert asked == [
+            vault.url,  # the debug line saying which way Vault is reached
+            f"{vault.url}/v1/auth/kubernetes/login",
+            f"{vault.url}/v1/secret/data/s3/team-a",
+        ]
         assert [r.path for r in proxy.requests] == [
             f"{vault.url}/v1/auth/kubernetes/login",
             f"{vault.url}/v1/secret/data/s3/team-a",

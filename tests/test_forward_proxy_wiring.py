@@ -36,9 +36,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ckpt.adapters.proxy import botocore_proxies, proxies_for, requests_session
+from ckpt.adapters.proxy import ProxyRoutes, proxies_for, requests_session, route_botocore_client
+from ckpt.adapters.s3 import S3Store, open_s3_store
+from ckpt.config import Config, S3Settings
+from ckpt.creds.vault import KubernetesAuth, VaultSource
 from ckpt.domain.errors import ProxyConfigError
 from ckpt.domain.proxy import ProxyRule
+from fake_vault import FakeVault
+from s3_support import FAKE_ENV, new_bucket_name, raw_client
 from support.forward_proxy import (
     Delay,
     DropConnection,
@@ -337,16 +342,16 @@ def aws_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
 
 
-def s3_client(endpoint_url: str, proxies: dict[str, str] | None) -> object:
-    """A botocore S3 client for moto; ``proxies=None`` leaves botocore to its defaults (the environment)."""
+def s3_client(endpoint_url: str, rule: ProxyRule | None) -> Any:
+    """A botocore S3 client for moto routed by ``rule``; ``None`` leaves botocore to the environment."""
     config = botocore.config.Config(
-        proxies=proxies,
+        proxies=None if rule is None else {},
         s3={"addressing_style": "path"},
         retries={"max_attempts": 1, "mode": "standard"},
         connect_timeout=5,
         read_timeout=10,
     )
-    return botocore.session.get_session().create_client(
+    client = botocore.session.get_session().create_client(
         "s3",
         endpoint_url=endpoint_url,
         region_name="us-east-1",
@@ -354,6 +359,9 @@ def s3_client(endpoint_url: str, proxies: dict[str, str] | None) -> object:
         aws_secret_access_key="testing",
         config=config,
     )
+    if rule is not None:
+        route_botocore_client(client, ProxyRoutes(rule))
+    return client
 
 
 # -- the tests ------------------------------------------------------------------------------------------
@@ -524,11 +532,11 @@ class TestEnvironmentIsIgnored:
         self, moto_port: int, environment_proxy: ForwardProxy
     ) -> None:
         """The control: botocore with proxies=None reads HTTP_PROXY, so the fixture is effective."""
-        client = s3_client(f"http://127.0.0.1:{moto_port}", proxies=None)
+        client = s3_client(f"http://127.0.0.1:{moto_port}", rule=None)
         try:
-            client.list_buckets()  # type: ignore[attr-defined]
+            client.list_buckets()
         finally:
-            client.close()  # type: ignore[attr-defined]
+            client.close()
         assert [(r.method, r.target) for r in environment_proxy.requests] == [
             ("GET", f"127.0.0.1:{moto_port}")
         ]
@@ -537,20 +545,18 @@ class TestEnvironmentIsIgnored:
     def test_botocore_with_the_rules_empty_proxies_goes_direct(
         self, moto_port: int, environment_proxy: ForwardProxy
     ) -> None:
-        """botocore_proxies gives {} for a direct endpoint, and botocore then ignores HTTP_PROXY."""
-        endpoint = f"http://127.0.0.1:{moto_port}"
-        proxies = botocore_proxies(ProxyRule(), endpoint)
-        client = s3_client(endpoint, proxies)
+        """A client routed by a rule without proxies goes direct; botocore then ignores HTTP_PROXY."""
+        client = s3_client(f"http://127.0.0.1:{moto_port}", ProxyRule())
         try:
-            client.list_buckets()  # type: ignore[attr-defined]
+            client.list_buckets()
         finally:
-            client.close()  # type: ignore[attr-defined]
-        assert (proxies, environment_proxy.requests) == ({}, [])
+            client.close()
+        assert environment_proxy.requests == []
 
 
 @pytest.mark.usefixtures("aws_files")
 class TestBotocoreThroughTheProxy:
-    """A botocore S3 client configured with ``botocore_proxies`` talks to S3 through the rule's proxy."""
+    """A botocore S3 client routed by ``route_botocore_client`` talks to S3 through the rule's proxy."""
 
     ENDPOINT = "http://s3.unresolvable.test"
 
@@ -559,13 +565,13 @@ class TestBotocoreThroughTheProxy:
         resolve = {"s3.unresolvable.test": ("127.0.0.1", moto_port)}
         with ForwardProxy(resolve=resolve, credentials=(PROXY_USER, PROXY_PASSWORD)) as proxy:
             rule = ProxyRule(http_proxy=proxy.url_with(PROXY_USER, PROXY_PASSWORD))
-            client = s3_client(self.ENDPOINT, botocore_proxies(rule, self.ENDPOINT))
+            client = s3_client(self.ENDPOINT, rule)
             try:
-                client.create_bucket(Bucket="wiring")  # type: ignore[attr-defined]
-                client.put_object(Bucket="wiring", Key="a/b.txt", Body=b"through the proxy")  # type: ignore[attr-defined]
-                body = client.get_object(Bucket="wiring", Key="a/b.txt")["Body"].read()  # type: ignore[attr-defined]
+                client.create_bucket(Bucket="wiring")
+                client.put_object(Bucket="wiring", Key="a/b.txt", Body=b"through the proxy")
+                body = client.get_object(Bucket="wiring", Key="a/b.txt")["Body"].read()
             finally:
-                client.close()  # type: ignore[attr-defined]
+                client.close()
             recorded = proxy.requests
         assert body == b"through the proxy"
         assert summary(recorded) == [
@@ -577,35 +583,187 @@ class TestBotocoreThroughTheProxy:
 
     def test_control_the_endpoint_is_unreachable_direct(self, moto_port: int) -> None:
         """The control: without the proxy the same endpoint cannot be reached at all."""
-        client = s3_client(self.ENDPOINT, botocore_proxies(ProxyRule(), self.ENDPOINT))
+        client = s3_client(self.ENDPOINT, ProxyRule())
         try:
             with pytest.raises(botocore.exceptions.EndpointConnectionError):
-                client.list_buckets()  # type: ignore[attr-defined]
+                client.list_buckets()
         finally:
-            client.close()  # type: ignore[attr-defined]
+            client.close()
 
     def test_no_proxy_makes_botocore_go_direct(self, moto_port: int, hosts: dict[str, str]) -> None:
-        """An endpoint matched by NO_PROXY gets {} and reaches moto directly; the proxy sees nothing."""
+        """An endpoint matched by NO_PROXY is reached directly; the proxy sees nothing."""
         hosts["s3.internal.test"] = "127.0.0.1"
         endpoint = f"http://s3.internal.test:{moto_port}"
         with ForwardProxy() as proxy:
             rule = ProxyRule(http_proxy=proxy.url, no_proxy=".internal.test")
-            proxies = botocore_proxies(rule, endpoint)
-            client = s3_client(endpoint, proxies)
+            client = s3_client(endpoint, rule)
             try:
-                client.list_buckets()  # type: ignore[attr-defined]
+                client.list_buckets()
             finally:
-                client.close()  # type: ignore[attr-defined]
-            assert (proxies, proxy.requests) == ({}, [])
+                client.close()
+            assert proxy.requests == []
+
+
+@pytest.mark.usefixtures("aws_files")
+class TestS3StoreDecidesForTheHostItContacts:
+    """The production S3 client (``open_s3_store``) asks the rule for the URL of each request it sends.
+
+    moto's server reads the bucket from the Host header when the host has a subdomain, so virtual-hosted
+    requests to ``<bucket>.unresolvable-s3`` and path-style ones to ``unresolvable-s3`` (no dot) both work.
+    Neither name resolves here except through the proxy's map, or the test resolver when a case says so.
+    """
+
+    @pytest.fixture
+    def bucket(self, moto_server: str) -> str:
+        name = new_bucket_name()
+        raw_client(moto_server).create_bucket(Bucket=name)
+        return name
+
+    @staticmethod
+    def open(moto_server: str, bucket: str, style: str, proxy: dict[str, str]) -> S3Store:
+        port = urlsplit(moto_server).port
+        settings = S3Settings(
+            endpoint_url=f"http://unresolvable-s3:{port}", region="us-east-1", addressing_style=style,
+            connect_timeout=2, read_timeout=10, max_attempts=1,
+        )  # fmt: skip
+        config = Config(s3=settings, proxy=proxy, credentials=({"source": "env"},))
+        return open_s3_store(f"s3://{bucket}", config=config, environ=FAKE_ENV)
+
+    @staticmethod
+    def recording_proxy(moto_server: str, bucket: str) -> ForwardProxy:
+        port = urlsplit(moto_server).port
+        assert port is not None
+        hosts = ("unresolvable-s3", f"{bucket}.unresolvable-s3")
+        return ForwardProxy(resolve=dict.fromkeys(hosts, ("127.0.0.1", port)))
+
+    def test_path_style_requests_are_decided_for_the_endpoint_host(
+        self, moto_server: str, bucket: str
+    ) -> None:
+        """Path style: the client contacts the endpoint host; an entry for the bucket's host is no match."""
+        with self.recording_proxy(moto_server, bucket) as proxy:
+            no_proxy = f"{bucket}.unresolvable-s3"
+            store = self.open(moto_server, bucket, "path", {"http_proxy": proxy.url, "no_proxy": no_proxy})
+            assert store.entries() == []
+            recorded = proxy.requests
+        assert [(r.method, r.host, r.path.split("?")[0]) for r in recorded] == [
+            ("GET", "unresolvable-s3", f"/{bucket}")
+        ]
+
+    def test_virtual_style_requests_go_through_the_proxy_to_the_bucket_host(
+        self, moto_server: str, bucket: str
+    ) -> None:
+        """Virtual style: the request the proxy sees is for ``<bucket>.<endpoint host>``."""
+        with self.recording_proxy(moto_server, bucket) as proxy:
+            store = self.open(moto_server, bucket, "virtual", {"http_proxy": proxy.url})
+            assert store.entries() == []
+            recorded = proxy.requests
+        assert [(r.method, r.host, r.outcome) for r in recorded] == [
+            ("GET", f"{bucket}.unresolvable-s3", "forwarded")
+        ]
+
+    def test_virtual_style_honours_a_no_proxy_entry_for_the_bucket_host(
+        self, moto_server: str, bucket: str, hosts: dict[str, str]
+    ) -> None:
+        """NO_PROXY naming the bucket's host sends virtual-hosted requests direct; the proxy sees nothing."""
+        hosts[f"{bucket}.unresolvable-s3"] = "127.0.0.1"  # reachable direct, but only under this name
+        with self.recording_proxy(moto_server, bucket) as proxy:
+            no_proxy = f"{bucket}.unresolvable-s3"
+            store = self.open(moto_server, bucket, "virtual", {"http_proxy": proxy.url, "no_proxy": no_proxy})
+            assert store.entries() == []
+            recorded = proxy.requests
+        assert recorded == []
+        assert store.connection is not None
+        origin = f"http://{bucket}.unresolvable-s3:{urlsplit(moto_server).port}"
+        assert store.connection.routes() == {origin: None}
+
+
+class TestVaultSourceThroughTheRule:
+    """The Vault credential source sends its requests through ``adapters.proxy.requests_session``.
+
+    The fake Vault is reached as ``vault.unresolvable.test``, a name only the recording proxy resolves
+    (or the test resolver, when a case puts it there), and over plain http, which a non-loopback Vault
+    address may use only with ``allow_insecure_http``.
+    """
+
+    @pytest.fixture
+    def vault(self) -> Iterator[FakeVault]:
+        with FakeVault() as fake:
+            fake.allow_kubernetes("publisher", "the-jwt")
+            fake.put_secret("s3/team-a", {"access_key_id": "AKIDVIAPROXY", "secret_access_key": "sk"})
+            yield fake
+
+    @staticmethod
+    def fetch(address: str, rule: ProxyRule, tmp_path: Path) -> str:
+        jwt = tmp_path / "jwt"
+        jwt.write_text("the-jwt")
+        jwt.chmod(0o600)
+        source = VaultSource(
+            address=address,
+            path="s3/team-a",
+            auth=KubernetesAuth("publisher", jwt),
+            allow_insecure_http=True,
+            proxy_for=rule.proxy_for,
+        )
+        try:
+            return source.fetch().access_key_id
+        finally:
+            source.close()
+
+    def test_vault_requests_go_through_the_recording_proxy(self, vault: FakeVault, tmp_path: Path) -> None:
+        """Login and read reach the fake Vault only through the proxy, with proxy credentials."""
+        port = urlsplit(vault.url).port
+        assert port is not None
+        resolve = {"vault.unresolvable.test": ("127.0.0.1", port)}
+        with ForwardProxy(resolve=resolve, credentials=(PROXY_USER, PROXY_PASSWORD)) as proxy:
+            rule = ProxyRule(http_proxy=proxy.url_with(PROXY_USER, PROXY_PASSWORD))
+            key = self.fetch(f"http://vault.unresolvable.test:{port}", rule, tmp_path)
+            recorded = proxy.requests
+        assert key == "AKIDVIAPROXY"
+        assert summary(recorded) == [
+            ("POST", f"vault.unresolvable.test:{port}", "/v1/auth/kubernetes/login", "forwarded"),
+            ("GET", f"vault.unresolvable.test:{port}", "/v1/secret/data/s3/team-a", "forwarded"),
+        ]
+        assert all(r.proxy_authorization for r in recorded)
+        assert all("proxy-authorization" not in r.headers for r in vault.requests)
+
+    def test_no_proxy_sends_vault_requests_direct(
+        self, vault: FakeVault, tmp_path: Path, hosts: dict[str, str]
+    ) -> None:
+        """A NO_PROXY entry for the Vault host sends both requests direct; the proxy sees nothing."""
+        hosts["vault.unresolvable.test"] = "127.0.0.1"
+        port = urlsplit(vault.url).port
+        with ForwardProxy() as proxy:
+            rule = ProxyRule(http_proxy=proxy.url, no_proxy=".unresolvable.test")
+            key = self.fetch(f"http://vault.unresolvable.test:{port}", rule, tmp_path)
+            assert (key, proxy.requests) == ("AKIDVIAPROXY", [])
+        assert [r.path for r in vault.requests] == ["/v1/auth/kubernetes/login", "/v1/secret/data/s3/team-a"]
+
+    def test_a_loopback_vault_is_reached_direct(self, vault: FakeVault, tmp_path: Path) -> None:
+        """A loopback Vault address is never proxied, even with a proxy and no NO_PROXY."""
+        with ForwardProxy() as proxy:
+            key = self.fetch(vault.url, ProxyRule(http_proxy=proxy.url, https_proxy=proxy.url), tmp_path)
+            assert (key, proxy.requests) == ("AKIDVIAPROXY", [])
+
+    def test_the_vault_session_is_the_rule_session(self, vault: FakeVault, tmp_path: Path) -> None:
+        """Production code builds its session with requests_session: same class, environment not trusted."""
+        source = VaultSource(
+            address=vault.url, path="s3/team-a", auth=KubernetesAuth("publisher", tmp_path / "jwt")
+        )
+        session = source._client_or_new().session
+        try:
+            assert type(session) is type(requests_session(ProxyRule()))
+            assert session.trust_env is False
+        finally:
+            source.close()
 
 
 class TestProxiesMapping:
-    """``botocore_proxies`` and ``proxies_for`` map the target's scheme to the rule's proxy."""
+    """``proxies_for`` maps the target's scheme to the rule's proxy; ``ProxyRoutes`` remembers each origin."""
 
     def test_https_endpoint_maps_https_to_the_https_proxy(self) -> None:
         """An https endpoint gets {"https": <HTTPS proxy>}."""
         rule = ProxyRule(http_proxy="http-proxy:3128", https_proxy="https://tls-proxy:3129")
-        assert botocore_proxies(rule, "https://s3.example.com") == {"https": "https://tls-proxy:3129"}
+        assert proxies_for(rule, "https://s3.example.com") == {"https": "https://tls-proxy:3129"}
 
     def test_http_endpoint_maps_http_to_the_http_proxy(self) -> None:
         """An http endpoint gets {"http": <HTTP proxy>}, keeping the proxy's user-info for the client."""
@@ -615,7 +773,19 @@ class TestProxiesMapping:
     def test_direct_endpoint_maps_to_an_empty_dict(self) -> None:
         """A bypassed endpoint gets {} (never None, which would let botocore read the environment)."""
         rule = ProxyRule(https_proxy="proxy:3128", no_proxy="example.com")
-        assert botocore_proxies(rule, "https://s3.example.com") == {}
+        assert proxies_for(rule, "https://s3.example.com") == {}
+
+    def test_routes_remember_the_latest_decision_per_origin(self) -> None:
+        """ProxyRoutes answers like the rule and keeps one entry per scheme://host[:port], no user-info."""
+        routes = ProxyRoutes(ProxyRule(https_proxy="u:pw@proxy:3128", no_proxy="direct.example"))
+        assert routes.decide("https://a.example/x?y") == "http://u:pw@proxy:3128"
+        assert routes.decide("https://who@DIRECT.example:9000/") is None
+        assert routes.decide("https://a.example/other") == "http://u:pw@proxy:3128"
+        assert routes.seen() == {
+            "https://a.example": "http://u:pw@proxy:3128",
+            "https://direct.example:9000": None,
+        }
+        assert "pw" not in repr(routes)
 
     def test_the_adapter_module_imports_no_client_library(self) -> None:
         """Importing ckpt.adapters.proxy imports neither requests nor botocore."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 
 import pytest
 from hypothesis import given
@@ -11,13 +13,18 @@ from hypothesis import strategies as st
 from ckpt.domain.entries import MAX_U64
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.frameworks import (
+    RNG_STATE_MAX_BYTES,
+    FileTail,
     Framework,
     Listing,
     Markers,
     check_markers,
+    check_zip_tail,
     default_settle,
     judge_save,
     parse_framework,
+    parse_world_size,
+    rank_files,
     save_folders,
     save_step,
 )
@@ -25,6 +32,23 @@ from ckpt.domain.ports import FileInfo
 
 HF, DCP = Framework.HF, Framework.DCP
 STATE = b'{"global_step": 500, "log_history": [{"loss": NaN}]}'
+
+
+def zip_bytes(*, comment: bytes = b"", zip64: bool = False) -> bytes:
+    """A small complete zip, as ``torch.save`` writes an RNG state (one member, optionally zip64 records)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.comment = comment
+        with archive.open("archive/data.pkl", "w", force_zip64=zip64) as member:
+            member.write(bytes(range(256)) * 8)
+    return buffer.getvalue()
+
+
+RNG = zip_bytes()
+
+
+def whole(data: bytes) -> FileTail:
+    return FileTail(len(data), data)
 
 
 class TestParseFramework:
@@ -42,6 +66,62 @@ class TestParseFramework:
     def test_default_settle(self) -> None:
         """The default settle time is one interval for hf and zero for dcp."""
         assert (default_settle(HF, 2.5), default_settle(DCP, 2.5)) == (2.5, 0.0)
+
+
+class TestWorldSize:
+    @pytest.mark.parametrize(("text", "value"), [("1", 1), ("2", 2), ("08", 8), ("2147483647", 2**31 - 1)])
+    def test_valid(self, text: str, value: int) -> None:
+        """A world size is one or more ASCII digits with a value from 1 to 2**31 - 1."""
+        assert parse_world_size(text) == value
+
+    @pytest.mark.parametrize("text", ["0", "-1", "+2", "2.0", " 2", "", "two", "\u0662", "2147483648"])
+    def test_invalid(self, text: str) -> None:
+        """Anything else is refused with InvalidError naming the value."""
+        with pytest.raises(InvalidError, match="world size"):
+            parse_world_size(text)
+
+    def test_rank_files(self) -> None:
+        """hf with N > 1 needs rng_state_0 … rng_state_<N-1>; one process, unknown N or dcp need none."""
+        assert rank_files(HF, 3) == ("rng_state_0.pth", "rng_state_1.pth", "rng_state_2.pth")
+        assert (rank_files(HF, 1), rank_files(HF, None), rank_files(DCP, 4)) == ((), (), ())
+
+
+class TestZipTail:
+    @pytest.mark.parametrize(
+        "data",
+        [RNG, zip_bytes(comment=b"a comment with PK\x05\x06 inside"), zip_bytes(zip64=True)],
+        ids=["plain", "comment", "zip64"],
+    )
+    def test_complete_zips_pass_whole_or_by_their_tail(self, data: bytes) -> None:
+        """A complete zip passes, read whole or only its last bytes (with its size)."""
+        assert check_zip_tail(whole(data)) is None
+        assert check_zip_tail(FileTail(len(data), data[-100:])) is None
+
+    @pytest.mark.parametrize("data", [RNG, zip_bytes(zip64=True)], ids=["plain", "zip64"])
+    def test_every_cut_short_prefix_fails(self, data: bytes) -> None:
+        """A zip cut short at any length (a rank killed while writing it) is never complete."""
+        passing = [n for n in range(len(data)) if check_zip_tail(whole(data[:n])) is None]
+        assert passing == []
+
+    def test_reasons(self) -> None:
+        """Each way of failing says what is wrong."""
+        assert check_zip_tail(whole(b"")) == "no end-of-central-directory record at its end"
+        assert check_zip_tail(whole(RNG + b"x")) == "no end-of-central-directory record at its end"
+        assert check_zip_tail(FileTail(3, b"four")) == "its tail is longer than the file"
+        # The end record must end the file exactly: an empty zip is that record alone; a record whose
+        # comment length promises a byte that is not there does not count.
+        assert check_zip_tail(whole(b"PK\x05\x06" + bytes(18))) is None
+        eocd_with_missing_comment = b"PK\x05\x06" + bytes(16) + b"\x01\x00"
+        assert (
+            check_zip_tail(whole(eocd_with_missing_comment))
+            == "no end-of-central-directory record at its end"
+        )
+
+    @given(st.binary(max_size=300))
+    def test_arbitrary_bytes_never_raise(self, data: bytes) -> None:
+        """Whatever the bytes, the check answers with a verdict instead of raising."""
+        reason = check_zip_tail(whole(data))
+        assert reason is None or isinstance(reason, str)
 
 
 class TestSaveStep:
@@ -159,6 +239,44 @@ class TestCheckMarkers:
         assert check_markers(DCP, Markers(metadata=True)) is None
         assert check_markers(DCP, Markers(trainer_state=b"{}")) == "no .metadata"
 
+    def test_hf_ranks_all_complete(self) -> None:
+        """With world size 2, trainer_state.json plus two complete RNG zips is complete."""
+        markers = Markers(trainer_state=STATE, rank_states=(whole(RNG), whole(RNG)))
+        assert check_markers(HF, markers, world_size=2) is None
+
+    @pytest.mark.parametrize(
+        ("states", "reason"),
+        [
+            ((), "no rng_state_0.pth (rank 0 of 2 has not finished its part of the save)"),
+            ((whole(RNG),), "no rng_state_1.pth (rank 1 of 2 has not finished its part of the save)"),
+            ((whole(RNG), None), "no rng_state_1.pth (rank 1 of 2 has not finished its part of the save)"),
+            (
+                (whole(RNG), whole(RNG[:-10])),
+                (
+                    "rng_state_1.pth is not a complete zip: no end-of-central-directory record at its end "
+                    "(rank 1 of 2 was cut short)"
+                ),
+            ),
+            (
+                (FileTail(RNG_STATE_MAX_BYTES + 1, b""),),
+                (
+                    f"rng_state_0.pth is {RNG_STATE_MAX_BYTES + 1} bytes, more than a rank's RNG state "
+                    "can be; not read"
+                ),
+            ),
+        ],
+    )
+    def test_hf_ranks_incomplete(self, states: tuple[FileTail | None, ...], reason: str) -> None:
+        """With world size 2, a rank whose RNG state is missing, cut short or too big holds the save back."""
+        assert check_markers(HF, Markers(trainer_state=STATE, rank_states=states), world_size=2) == reason
+
+    def test_ranks_only_when_the_world_size_is_above_one(self) -> None:
+        """Unknown or 1, the world size adds nothing; the other markers still come first."""
+        assert check_markers(HF, Markers(trainer_state=STATE), world_size=1) is None
+        assert check_markers(HF, Markers(trainer_state=STATE), world_size=None) is None
+        assert check_markers(HF, Markers(), world_size=2) == "no trainer_state.json"
+        assert check_markers(DCP, Markers(metadata=True), world_size=2) is None
+
     @given(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5) | st.none(), max_size=5))
     def test_any_json_object_is_complete(self, document: dict[str, object]) -> None:
         """Any JSON object at all passes the hf marker check."""
@@ -228,10 +346,26 @@ class TestJudgeSave:
         assert (verdict.complete, verdict.since) == (False, now)
         assert verdict.reason == "not settled: its files changed since the last scan"
 
-    def test_explicit_settle_applies_to_dcp(self) -> None:
-        """A settle time given for dcp is honoured like for hf."""
-        verdict = judge_save(DCP, Markers(metadata=True), settle=1, listing=look({".metadata": 3}, 0))
-        assert not verdict.complete
+    def test_settle_never_delays_dcp(self) -> None:
+        """A dcp save with .metadata is complete at once, whatever the settle (it bounds the drain only)."""
+        verdict = judge_save(DCP, Markers(metadata=True), settle=3600, listing=look({".metadata": 3}, 0))
+        assert (verdict.complete, verdict.since) == (True, None)
+        assert judge_save(DCP, Markers(metadata=True), settle=3600).complete  # no listing needed
+
+    def test_ranks_before_settle(self) -> None:
+        """A missing rank's file is the verdict and drops the settle state, whatever the listing says."""
+        verdict = judge_save(
+            HF,
+            Markers(trainer_state=STATE, rank_states=(whole(RNG),)),
+            settle=1,
+            listing=look({"a": 1}, 10),
+            since=look({"a": 1}, 0),
+            world_size=2,
+        )
+        assert (verdict.reason, verdict.since) == (
+            "no rng_state_1.pth (rank 1 of 2 has not finished its part of the save)",
+            None,
+        )
 
     def test_settle_needs_a_listing(self) -> None:
         """Asking for a settle without this scan's listing is a programming error (InvalidError)."""

@@ -200,6 +200,11 @@ class TestProxyRuleValue:
         rule = ProxyRule(no_proxy="example.com, :443, https://x.example, [2001:db8::1], 10.0.0.0/8, *:80")
         assert rule.ignored_no_proxy_entries == (":443", "https://x.example", "[2001:db8::1]", "*:80")
 
+    def test_an_entry_with_an_empty_port_is_not_ignored(self) -> None:
+        """``host:`` is a valid entry (any port, as in Go), so it is not reported as malformed."""
+        rule = ProxyRule(no_proxy="example.com:, 1.2.3.4:, [2001:db8::1]:, :")
+        assert rule.ignored_no_proxy_entries == (":",)
+
     def test_cgi_must_be_a_bool(self) -> None:
         """A non-bool ``cgi`` (such as the raw ``REQUEST_METHOD`` string) is refused."""
         with pytest.raises(TypeError):
@@ -368,7 +373,8 @@ class TestPurity:
     """``ckpt.domain.proxy`` stays pure: standard library and attrs only, no I/O modules."""
 
     ALLOWED = frozenset(
-        {"__future__", "ipaddress", "re", "collections.abc", "typing", "attrs", "ckpt.domain.errors"}
+        {"__future__", "ipaddress", "re", "collections.abc", "typing", "attrs"}
+        | {"ckpt.domain.errors", "ckpt.domain.redaction"}
     )
 
     def test_imports_only_pure_modules(self) -> None:

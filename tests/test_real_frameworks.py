@@ -7,18 +7,23 @@ config, the data is random tokens, and the hub is switched off.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
 from ckpt.adapters.posix import PosixStore
-from ckpt.application.verify import resolve_verified
+from ckpt.application.verify import read_markers, resolve_verified
 from ckpt.application.watcher import Watcher
 from ckpt.domain.entries import Entry
-from ckpt.domain.frameworks import Framework
+from ckpt.domain.frameworks import Framework, check_markers
 
 # Never reach a hub: the libraries read these when they are first imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -182,3 +187,158 @@ class TestHuggingFaceTrainer:
         resumed = trainer(15)
         resumed.train(resume_from_checkpoint=store.location(verified.entry))
         assert resumed.state.global_step == 15
+
+
+RANKS_SCRIPT = os.path.join(os.path.dirname(__file__), "support_hf_ranks.py")
+RANKS_ATTEMPT = "1.4101.0"  # support_hf_ranks.ATTEMPT
+
+
+class TwoRankRuns:
+    """The two-process Trainer runner (``support_hf_ranks.py``) as a subprocess: one run per request."""
+
+    def __init__(self, out: Path) -> None:
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "GLOO_SOCKET_IFNAME": "lo",  # gloo's own connections stay on 127.0.0.1
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "PYTHONWARNINGS": "ignore",
+        }
+        self.out = out
+        self.stderr: IO[bytes] = open(out.parent / "ranks.log", "wb")  # noqa: SIM115 - closed in close()
+        self.process = subprocess.Popen(
+            [sys.executable, RANKS_SCRIPT, "--out", str(out), "--timeout", "120"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            env=env,
+        )
+
+    def run(self, name: str, kill: str | None) -> Path:
+        """Run both ranks once (``kill`` as the script takes it); return the run's root."""
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"name": name, "kill": kill}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, f"the runner died; see {self.out.parent / 'ranks.log'}"
+        assert json.loads(line)["name"] == name
+        return self.out / name
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.close()
+        self.process.wait(60)
+        self.process.stdout.close()
+        self.stderr.close()
+
+
+@pytest.fixture
+def two_rank_runs(tmp_path: Path) -> Iterator[TwoRankRuns]:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    runs = TwoRankRuns(tmp_path / "runs")
+    try:
+        yield runs
+    finally:
+        runs.close()
+
+
+def recorded_writes(run_root: Path) -> dict[int, list[str]]:
+    """Each rank's files, in the order it finished writing them, as the run's write hooks logged them."""
+    order: dict[int, list[str]] = {0: [], 1: []}
+    for line in (run_root / "writes.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        order[record["rank"]].append(record["file"])
+    return order
+
+
+def assert_loadable(folder: Path, files: list[str]) -> None:
+    """Every file the clean run wrote is in ``folder`` and loads: torch files, safetensors, JSON."""
+    import safetensors.torch
+    import torch
+
+    assert sorted(p.name for p in folder.iterdir()) == sorted(files)
+    for name in files:
+        path = folder / name
+        if name.endswith((".pth", ".pt", ".bin")):
+            torch.load(path, weights_only=False)
+        elif name.endswith(".safetensors"):
+            safetensors.torch.load_file(path)
+        else:
+            json.loads(path.read_text())
+
+
+class TestHuggingFaceTrainerTwoRanks:
+    def test_a_save_cut_short_on_any_rank_at_any_write_is_never_published(
+        self, two_rank_runs: TwoRankRuns, tmp_path: Path
+    ) -> None:
+        """Two real ranks, each killed before, during or after each of its writes: only whole saves go out."""
+        clean = two_rank_runs.run("clean", None)
+        order = recorded_writes(clean)
+        # The Trainer's file order this proof relies on: rank 1 writes only its RNG state; rank 0 ends with
+        # its RNG state and then trainer_state.json (the reference, frameworks-on-disk.md).
+        assert order[1] == ["rng_state_1.pth"]
+        assert order[0][-2:] == ["rng_state_0.pth", "trainer_state.json"]
+        all_files = order[0] + order[1]
+
+        # Every boundary of every rank: before each write and after its last one ("after" any other write is
+        # "before" the next); and during each write whose half the rule must see through (the RNG states and
+        # trainer_state.json: half of an earlier file leaves no trainer_state.json, as "before" does). Only
+        # a rank that finished its part leaves a whole save.
+        checked = {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"}
+        points = [(rank, name, "before") for rank in (0, 1) for name in order[rank]]
+        points += [(rank, name, "during") for rank in (0, 1) for name in order[rank] if name in checked]
+        points += [(rank, order[rank][-1], "after") for rank in (0, 1)]
+        roots: dict[str, tuple[Path, bool]] = {"clean": (clean, True)}
+        for rank, name, when in points:
+            run_name = f"rank{rank}-{when}-{name}"
+            root = two_rank_runs.run(run_name, f"rank={rank},file={name},when={when}")
+            roots[run_name] = (root, when == "after")
+
+        # The sidecar as deployed: ckpt watch --once with WORLD_SIZE from the environment, on copies of the
+        # clean run and of the run whose rank 1 died while writing its RNG state.
+        for run_name, expected in (("clean", [1]), ("rank1-during-rng_state_1.pth", [])):
+            copy = tmp_path / "cli" / run_name
+            shutil.copytree(roots[run_name][0], copy)
+            watched = subprocess.run(
+                [
+                    *(sys.executable, "-m", "ckpt", "--root", str(copy), "--json", "watch"),
+                    *("--framework", "hf", "--attempt", RANKS_ATTEMPT, "--epoch", "7", "--once"),
+                    *("--settle", "0"),
+                ],
+                env={**os.environ, "WORLD_SIZE": "2"},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            assert [e["step"] for e in json.loads(watched.stdout)["published"]] == expected, watched.stderr
+
+        # Every run, in process: published exactly when whole; what is published loads.
+        old_rule_passes = []
+        for run_name, (root, whole) in roots.items():
+            store = PosixStore(str(root))
+            saves = store.exec_dir(RANKS_ATTEMPT)
+            folder = Path(saves) / "checkpoint-1"
+            created = Watcher(store, Framework.HF, saves, 7, 1.0, settle=0, world_size=2).scan()
+            assert [e.step for e in created] == ([1] if whole else []), run_name
+            if whole:
+                assert_loadable(folder, all_files)
+            if (
+                not whole
+                and check_markers(Framework.HF, read_markers(store, Framework.HF, str(folder))) is None
+            ):
+                old_rule_passes.append(run_name)  # the rule without a world size would have published it
+            # Verified resolve applies the same rule, even to a save that something else published.
+            if not whole:
+                store.publish(7, 1, str(folder))
+            verified = resolve_verified(store, Framework.HF, world_size=2)
+            assert (verified.entry is not None) == whole, (run_name, verified)
+        # Without the world size, the rank-1 kills leave a save that trainer_state.json and a settled
+        # listing would pass: the gap this rule closes.
+        assert sorted(old_rule_passes) == ["rank1-before-rng_state_1.pth", "rank1-during-rng_state_1.pth"]

@@ -711,6 +711,12 @@ class TestProbeExclusiveCreate:
         assert "does not implement" in result.detail
 
 
+def proxy_lookup(client: Any, url: str) -> str | None:
+    """The proxy botocore's HTTP session would take for a request to ``url`` (its per-request lookup)."""
+    answer: str | None = client._endpoint.http_session._proxy_config.proxy_url_for(url)
+    return answer
+
+
 class TestMakeS3Client:
     def test_client_settings_come_from_the_configuration(self, aws_env: Any) -> None:
         """Endpoint, region, addressing style, timeouts and standard retries are the [s3] values."""
@@ -755,15 +761,21 @@ class TestMakeS3Client:
     def test_the_proxy_comes_from_the_rule_on_the_given_environment(
         self, aws_env: pytest.MonkeyPatch
     ) -> None:
-        """The environment passed in decides the proxy, NO_PROXY included; os.environ is not read."""
+        """The environment passed in decides the proxy, NO_PROXY included; os.environ is not read.
+
+        botocore's own setting is always ``{}``; the client's per-request proxy lookup answers from the rule.
+        """
         aws_env.setenv("HTTPS_PROXY", "http://127.0.0.1:3")
         config = Config(s3=S3Settings(endpoint_url="https://objects.example.internal:9000"))
-        assert make_s3_client(config, environ={}).meta.config.proxies == {}
+        url = "https://objects.example.internal:9000/bucket/key"
+        direct = make_s3_client(config, environ={})
+        assert (direct.meta.config.proxies, proxy_lookup(direct, url)) == ({}, None)
         proxied = {"HTTPS_PROXY": "http://proxy.example.internal:3128"}
-        client = make_s3_client(config, environ=proxied)
-        assert client.meta.config.proxies == {"https": "http://proxy.example.internal:3128"}
+        assert (
+            proxy_lookup(make_s3_client(config, environ=proxied), url) == "http://proxy.example.internal:3128"
+        )
         bypassed = {**proxied, "NO_PROXY": ".example.internal"}
-        assert make_s3_client(config, environ=bypassed).meta.config.proxies == {}
+        assert proxy_lookup(make_s3_client(config, environ=bypassed), url) is None
 
     def test_a_proxy_table_replaces_the_environment(self, aws_env: Any) -> None:
         """With a [proxy] table, the proxy variables of the environment are not consulted."""
@@ -772,7 +784,9 @@ class TestMakeS3Client:
             proxy={"https_proxy": "http://configured.example:8080"},
         )
         client = make_s3_client(config, environ={"HTTPS_PROXY": "http://from-env.example:3128"})
-        assert client.meta.config.proxies == {"https": "http://configured.example:8080"}
+        assert (
+            proxy_lookup(client, "https://objects.example.internal:9000/") == "http://configured.example:8080"
+        )
 
     def test_open_s3_store_talks_to_the_configured_endpoint(self, http: OverHttp, aws_env: Any) -> None:
         """open_s3_store (and open_store for s3:// roots) builds a working store from the configuration."""

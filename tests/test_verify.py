@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from ckpt.adapters.posix import PosixStore
 from ckpt.application.verify import Verified, read_markers, resolve_verified
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import MalformedError
 from ckpt.domain.frameworks import Framework
 from harness import Harness
+from support_trainer import rng_state_bytes
 
 HF, DCP = Framework.HF, Framework.DCP
 EXEC = "exec/1.4101.0"
@@ -96,6 +103,42 @@ class TestResolveVerified:
         entry = publish(harness, 1, 7, f"{EXEC}/checkpoint-7", {"trainer_state.json": STATE})
         assert resolve_verified(harness.store(), HF).entry == entry
 
+    def test_hf_world_size_needs_every_rank_complete(self, harness: Harness) -> None:
+        """With world size 2, a save whose rank 1 never wrote, or cut short, its RNG state is passed over."""
+        rng0, rng1 = rng_state_bytes(0), rng_state_bytes(1)
+        good = publish(
+            harness,
+            1,
+            100,
+            f"{EXEC}/checkpoint-100",
+            {"trainer_state.json": STATE, "rng_state_0.pth": rng0, "rng_state_1.pth": rng1},
+        )
+        publish(
+            harness,
+            1,
+            200,
+            f"{EXEC}/checkpoint-200",
+            {"trainer_state.json": STATE, "rng_state_0.pth": rng0, "rng_state_1.pth": rng1[:-30]},
+        )
+        newest = publish(
+            harness, 1, 300, f"{EXEC}/checkpoint-300", {"trainer_state.json": STATE, "rng_state_0.pth": rng0}
+        )
+        verified = resolve_verified(harness.store(), HF, world_size=2)
+        assert verified.entry == good
+        assert [(e.step, reason) for e, reason in verified.skipped] == [
+            (300, "no rng_state_1.pth (rank 1 of 2 has not finished its part of the save)"),
+            (
+                200,
+                (
+                    "rng_state_1.pth is not a complete zip: no end-of-central-directory record at its end "
+                    "(rank 1 of 2 was cut short)"
+                ),
+            ),
+        ]
+        # Unknown world size: the rank files are not looked at (the rule before the world size was known).
+        assert resolve_verified(harness.store(), HF).entry == newest
+        assert resolve_verified(harness.store(), HF, world_size=1).entry == newest
+
     def test_malformed_log_is_an_error(self, harness: Harness) -> None:
         """A bad name in pub/ raises MalformedError, as entries() does, instead of being skipped."""
         publish(harness, 1, 1, f"{EXEC}/checkpoint-1", {"trainer_state.json": STATE})
@@ -119,3 +162,61 @@ class TestReadMarkers:
         assert read_markers(harness.store(), DCP, location).metadata
         other = harness.make_save(f"{EXEC}/step-6", {"__0_0.distcp": b"x"})
         assert not read_markers(harness.store(), DCP, other).metadata
+
+
+class TestResolveCommand:
+    """``ckpt resolve --framework hf --world-size N``, run as the real CLI."""
+
+    @staticmethod
+    def resolve(
+        root: Path, *args: str, world_size_env: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+        if world_size_env is not None:
+            env["WORLD_SIZE"] = world_size_env
+        return subprocess.run(
+            [sys.executable, "-m", "ckpt", "--root", str(root), "resolve", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    def test_world_size_skips_a_save_missing_a_rank(self, tmp_path: Path) -> None:
+        """With --world-size 2 the newest save, missing rank 1's RNG state, is skipped and reported."""
+        store = PosixStore(str(tmp_path))
+        for step, files in (
+            (1, {"rng_state_0.pth": rng_state_bytes(0), "rng_state_1.pth": rng_state_bytes(1)}),
+            (2, {"rng_state_0.pth": rng_state_bytes(0)}),
+        ):
+            folder = tmp_path / EXEC / f"checkpoint-{step}"
+            folder.mkdir(parents=True)
+            for name, data in {"trainer_state.json": STATE, **files}.items():
+                (folder / name).write_bytes(data)
+            store.publish(1, step, str(folder))
+        done = self.resolve(tmp_path, "--framework", "hf", "--world-size", "2", world_size_env="1")
+        assert (done.returncode, done.stdout) == (0, f"{tmp_path / EXEC / 'checkpoint-1'}\n")
+        assert done.stderr == (
+            f"ckpt: skipped {tmp_path / EXEC / 'checkpoint-2'}: "
+            "no rng_state_1.pth (rank 1 of 2 has not finished its part of the save)\n"
+        )
+        # Without --world-size, WORLD_SIZE (the resuming run's) is not used: the newest save is returned.
+        done = self.resolve(tmp_path, "--framework", "hf", world_size_env="2")
+        assert (done.returncode, done.stdout) == (0, f"{tmp_path / EXEC / 'checkpoint-2'}\n")
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (("--framework", "hf", "--world-size", "0"), "world size 0 must be between 1"),
+            (("--framework", "hf", "--world-size", "two"), "world size 'two' is not a whole number"),
+            (("--world-size", "2"), "--world-size applies to a verified resolve"),
+        ],
+    )
+    def test_bad_world_size_is_a_usage_error(
+        self, tmp_path: Path, args: tuple[str, ...], message: str
+    ) -> None:
+        """A world size that is not a whole number from 1, or one without --framework, exits 2."""
+        done = self.resolve(tmp_path, *args)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr
+        assert done.stderr.startswith("ckpt: ")

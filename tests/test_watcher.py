@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -27,7 +30,7 @@ from ckpt.domain.ports import FileInfo, Folder, PruneResult, WatchStore
 from ckpt.testing import InMemoryStore
 from harness import Harness
 from s3_support import FAKE_ENV, RequestLog, S3Harness, http_settings, isolate_from_aws_environment
-from support_trainer import SimulatedTrainer, complete_folders, dcp_plan, hf_plan
+from support_trainer import SimulatedTrainer, complete_folders, dcp_plan, hf_plan, rng_state_bytes
 
 HF, DCP = Framework.HF, Framework.DCP
 ATTEMPT = "1.4101.0"
@@ -180,6 +183,43 @@ class TestScan:
         assert w.scan() == []
         harness.make_save(f"{EXEC}/step-10", {".metadata": b"m"})
         assert steps(w.scan()) == [10]
+
+    def test_dcp_is_never_delayed_by_settle(self, harness: Harness) -> None:
+        """A dcp save with .metadata goes out on the first scan that sees it, even with a large settle."""
+        store = RecordingStore(harness.store())
+        harness.make_save(f"{EXEC}/step-10", {"__0_0.distcp": b"x", ".metadata": b"m"})
+        w = watcher(store, DCP, settle=3600)
+        assert steps(w.scan()) == [10]
+        assert store.count("files") == 0  # no listing taken: nothing to settle
+
+    def test_hf_world_size_waits_for_every_rank(self, harness: Harness) -> None:
+        """With world size 2, a save goes out only once rank 1's RNG state is there and a complete zip."""
+        save = f"{EXEC}/checkpoint-10"
+        harness.make_save(save, {"trainer_state.json": STATE, "rng_state_0.pth": rng_state_bytes(0)})
+        w = watcher(harness.store(), world_size=2)
+        assert w.scan() == []  # rank 1 has written nothing
+        harness.make_save(save, {"rng_state_1.pth": rng_state_bytes(1)[:-5]})
+        assert w.scan() == []  # rank 1 was cut short
+        harness.make_save(save, {"rng_state_1.pth": rng_state_bytes(1)})
+        assert steps(w.scan()) == [10]
+
+    def test_hf_world_size_and_settle_together(self, harness: Harness) -> None:
+        """Every rank complete, the save still waits for its listing to settle; one listing serves both."""
+        clock = FakeClock()
+        store = RecordingStore(harness.store())
+        files = {"trainer_state.json": STATE, "rng_state_0.pth": rng_state_bytes(0)}
+        harness.make_save(f"{EXEC}/checkpoint-10", {**files, "rng_state_1.pth": rng_state_bytes(1)})
+        w = watcher(store, settle=5, clock=clock, world_size=2)
+        assert w.scan() == []
+        assert store.count("files") == 1
+        clock.advance(5)
+        assert steps(w.scan()) == [10]
+
+    def test_invalid_world_size(self) -> None:
+        """A world size that is not a whole number from 1 is refused."""
+        for bad in (0, -1, True, 2.0):
+            with pytest.raises(InvalidError, match="world size"):
+                watcher(InMemoryStore(), world_size=bad)
 
     def test_hf_waits_for_the_listing_to_settle(self, harness: Harness) -> None:
         """An hf save goes out once its listing was unchanged for the settle time; a change restarts it."""
@@ -493,6 +533,47 @@ class TestWatch:
         assert steps(created) == [5]
         assert 0.2 <= time.monotonic() - started < 5
 
+    def test_drain_waits_for_a_dcp_save_still_being_written(self, tmp_path: Path) -> None:
+        """After a stop, a dcp save without .metadata yet is looked at again, within the settle time."""
+
+        class MetadataOnSecondLook(PosixStore):
+            __slots__ = ("looks",)
+
+            def folders(self, location: str) -> list[Folder]:
+                self.looks = getattr(self, "looks", 0) + 1
+                if self.looks == 2:  # the coordinator renames .metadata into place between two scans
+                    (tmp_path / EXEC / "step-3" / ".metadata").write_bytes(b"m")
+                return super().folders(location)
+
+        (tmp_path / EXEC / "step-3").mkdir(parents=True)
+        (tmp_path / EXEC / "step-3" / "__0_0.distcp").write_bytes(b"x")
+        stop = threading.Event()
+        stop.set()
+        created = watcher(MetadataOnSecondLook(str(tmp_path)), DCP, interval=0.05, settle=30).watch(stop)
+        assert steps(created) == [3]
+
+    def test_drain_does_not_wait_for_a_dead_rank(self, tmp_path: Path) -> None:
+        """An hf save missing a rank's file does not hold the drain: once it came, it would need a settle."""
+        folder = tmp_path / EXEC / "checkpoint-4"
+        write_hf_save(folder, 4)
+        (folder / "rng_state_0.pth").write_bytes(rng_state_bytes(0))
+        stop = threading.Event()
+        stop.set()
+        started = time.monotonic()
+        w = watcher(PosixStore(str(tmp_path)), interval=0.05, settle=5, world_size=2)
+        assert w.watch(stop) == []
+        assert time.monotonic() - started < 2
+
+    def test_dcp_drain_is_bounded_by_the_settle_time(self, tmp_path: Path) -> None:
+        """A dcp save whose .metadata never comes ends the drain after the settle time, unpublished."""
+        (tmp_path / EXEC / "step-3").mkdir(parents=True)
+        stop = threading.Event()
+        stop.set()
+        started = time.monotonic()
+        created = watcher(PosixStore(str(tmp_path)), DCP, interval=0.05, settle=0.3).watch(stop)
+        assert created == []
+        assert 0.3 <= time.monotonic() - started < 1.5
+
     def test_once_with_dcp_is_one_scan(self, harness: Harness) -> None:
         """With settle 0, a stopped watch is exactly one scan."""
         store = RecordingStore(harness.store())
@@ -633,3 +714,51 @@ class TestWithSimulatedTrainer:
         verified = resolve_verified(store.inner, framework)
         assert verified.entry is not None
         assert verified.entry.step == max(int(f.rsplit("-", 1)[1]) for f in published)
+
+
+class TestWatchCommandWorldSize:
+    """``ckpt watch --world-size N`` and its default, ``WORLD_SIZE``, run as the real CLI."""
+
+    @staticmethod
+    def watch_once(root: Path, *args: str, world_size_env: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+        if world_size_env is not None:
+            env["WORLD_SIZE"] = world_size_env
+        command = ["--root", str(root), "--json", "watch", "--framework", "hf", "--attempt", ATTEMPT]
+        return subprocess.run(
+            [sys.executable, "-m", "ckpt", *command, "--epoch", "1", "--once", "--settle", "0", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    def test_option_beats_the_environment(self, tmp_path: Path) -> None:
+        """--world-size wins over WORLD_SIZE; WORLD_SIZE applies when the option is absent."""
+        folder = tmp_path / EXEC / "checkpoint-3"
+        write_hf_save(folder, 3)
+        (folder / "rng_state_0.pth").write_bytes(rng_state_bytes(0))
+        held = self.watch_once(tmp_path, world_size_env="2")
+        assert (held.returncode, held.stdout) == (0, '{"published": []}\n'), held.stderr
+        assert "world size 2" in held.stderr
+        held = self.watch_once(tmp_path, "--world-size", "2", world_size_env="1")
+        assert (held.returncode, held.stdout) == (0, '{"published": []}\n'), held.stderr
+        done = self.watch_once(tmp_path, "--world-size", "1", world_size_env="2")
+        assert done.returncode == 0, done.stderr
+        assert [e["step"] for e in json.loads(done.stdout)["published"]] == [3]
+
+    @pytest.mark.parametrize(
+        ("args", "env", "message"),
+        [
+            (("--world-size", "0"), None, "world size 0 must be between 1"),
+            (("--world-size", "1.5"), None, "world size '1.5' is not a whole number"),
+            ((), "eight", "WORLD_SIZE in the environment: world size 'eight' is not a whole number"),
+        ],
+    )
+    def test_bad_world_size_exits_2(
+        self, tmp_path: Path, args: tuple[str, ...], env: str | None, message: str
+    ) -> None:
+        """A world size that is not a whole number from 1, from the option or the environment, exits 2."""
+        done = self.watch_once(tmp_path, *args, world_size_env=env)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ckpt.domain.errors import InvalidError
+from ckpt.domain.redaction import redact_url
 
 if TYPE_CHECKING:
     from ckpt.config import Config
@@ -36,7 +37,8 @@ def open_store(
         s3_store: WatchStore = open_s3_store(root, config=config or Config(), environ=env)
         return s3_store
     if "://" in root:
-        raise InvalidError(f"root {root!r}: only absolute paths and s3:// URLs are supported")
+        shown = redact_url(root, keep_user=False)
+        raise InvalidError(f"root {shown!r}: only absolute paths and s3:// URLs are supported")
     from ckpt.adapters.posix import PosixStore
 
     return PosixStore(root)

@@ -13,13 +13,18 @@ Rules this module keeps (docs/adr/0008-watcher.md says why):
 3. Exactly once under kill and restart follows from (2) and the store's exclusive create: an entry either
    exists, and the restarted watcher reads it, or it does not, and the save is published again once.
 4. Settle state (the first look since which a save's listing has not changed) lives in memory only; a
-   restarted watcher starts settling afresh, which costs time, never correctness.
+   restarted watcher starts settling afresh, which costs time, never correctness. Settle applies to ``hf``
+   only: a ``dcp`` save is published on the first scan that sees its ``.metadata``.
 5. ``watch`` runs each scan in a daemon worker thread and waits for it at most the scan timeout, so a store
    that accepts a connection and never answers ends the watch with ``ScanTimeoutError`` instead of hanging
    it, and the stuck thread does not keep the process alive. A watcher whose scan timed out is spent: it
    publishes nothing more, and a later ``scan`` raises ``ScanTimeoutError`` while the old one is stuck.
 6. On stop, ``watch`` scans once more, then keeps scanning, for at most the settle time after that scan,
-   while some save has complete markers but has not settled yet; then it returns.
+   while some save is still on its way: an ``hf`` save with complete markers that has not settled yet, or a
+   ``dcp`` save without ``.metadata``; then it returns. (An ``hf`` save whose rank is still writing is not
+   waited for: once the rank finished, the changed listing would need a whole settle time again.)
+7. With a world size above 1 (``hf``), a save whose other markers pass is listed and its ranks' files read
+   (``read_rank_states``) on every scan until it is published; the listing doubles as the settle look.
 """
 
 from __future__ import annotations
@@ -30,15 +35,19 @@ import threading
 import time
 from collections.abc import Callable
 
-from ckpt.application.verify import read_markers
+import attrs
+
+from ckpt.application.verify import read_markers, read_rank_states
 from ckpt.domain.entries import MAX_U64, Entry
 from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, ScanTimeoutError
 from ckpt.domain.frameworks import (
     Framework,
     Listing,
     check_markers,
+    check_world_size,
     default_settle,
     judge_save,
+    rank_files,
     save_folders,
 )
 from ckpt.domain.ports import SyncsSaves, WatchStore
@@ -66,8 +75,10 @@ class Watcher:
 
     ``store`` is any :class:`~ckpt.domain.ports.WatchStore`; ``saves_location`` the folder the framework
     saves into, in the store's own form (normally ``store.exec_dir(attempt)``). ``interval`` is the time
-    between scans in :meth:`watch`; ``settle`` (default: one interval for ``hf``, 0 for ``dcp``) how long a
-    save's listing must stay unchanged; ``scan_timeout`` (``None``: none) bounds each scan in
+    between scans in :meth:`watch`; ``settle`` (default: one interval for ``hf``, 0 for ``dcp``) how long an
+    ``hf`` save's listing must stay unchanged, and for either framework how long the drain after a stop may
+    last; ``world_size`` (``None``: unknown) the number of training processes, whose per-rank files an
+    ``hf`` save must all hold when above 1; ``scan_timeout`` (``None``: none) bounds each scan in
     :meth:`watch`; ``on_published`` is called with each entry a scan creates, in step order, from the thread
     that runs the scan. ``clock`` is a monotonic clock in seconds (tests pass a fake one to :meth:`scan`).
     """
@@ -82,6 +93,7 @@ class Watcher:
         *,
         settle: float | None = None,
         scan_timeout: float | None = None,
+        world_size: int | None = None,
         on_published: Callable[[Entry], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -104,17 +116,21 @@ class Watcher:
         self.scan_timeout = (
             None if scan_timeout is None else _seconds(scan_timeout, "scan timeout", allow_zero=False)
         )
+        self.world_size = None if world_size is None else check_world_size(world_size)
+        self._rank_files = rank_files(framework, self.world_size)
         self.on_published = on_published
         self.clock = clock
         self._published: set[str] | None = None  # locations published at our epoch; None until learned
         self._settling: dict[str, Listing] = {}  # location -> first look since which nothing changed
+        self._outstanding: set[str] = set()  # dcp saves still waiting for .metadata (rule 6)
         self._scan_lock = threading.Lock()
         self._spent = False  # a scan timed out: publish nothing more (rule 5)
 
     def __repr__(self) -> str:
         return (
             f"Watcher({self.store!r}, {self.framework}, {self.saves_location!r}, epoch={self.epoch}, "
-            f"interval={self.interval:g}, settle={self.settle:g}, scan_timeout={self.scan_timeout})"
+            f"interval={self.interval:g}, settle={self.settle:g}, scan_timeout={self.scan_timeout}, "
+            f"world_size={self.world_size})"
         )
 
     # -- one scan ----------------------------------------------------------------------------------------
@@ -150,6 +166,7 @@ class Watcher:
         folders = {folder.name: _key(folder.location) for folder in self.store.folders(base)}
         created: list[Entry] = []
         seen: set[str] = set()
+        self._outstanding = set()
         for save in save_folders(self.framework, folders):
             location = folders[save.name]
             if location in published:
@@ -165,18 +182,29 @@ class Watcher:
 
     def _is_complete(self, location: str) -> bool:
         markers = read_markers(self.store, self.framework, location)
+        markers_pass = check_markers(self.framework, markers) is None  # all but the ranks' files
         listing = None
-        if self.settle > 0 and check_markers(self.framework, markers) is None:
+        if markers_pass and self.framework is Framework.HF and (self.settle > 0 or self._rank_files):
             started = self.clock()
             files = tuple(self.store.files(location))
             listing = Listing(files, started, self.clock())
+        if markers_pass and listing is not None and self._rank_files:
+            states = read_rank_states(self.store, location, self._rank_files, listing.files)
+            markers = attrs.evolve(markers, rank_states=states)
         verdict = judge_save(
-            self.framework, markers, settle=self.settle, listing=listing, since=self._settling.get(location)
+            self.framework,
+            markers,
+            settle=self.settle,
+            listing=listing,
+            since=self._settling.get(location),
+            world_size=self.world_size,
         )
         if verdict.since is None:
             self._settling.pop(location, None)
         else:
             self._settling[location] = verdict.since
+        if self.framework is Framework.DCP and not verdict.complete:
+            self._outstanding.add(location)  # no .metadata yet: the drain looks again (rule 6)
         if not verdict.complete:
             _log.debug("not yet: %s: %s", location, verdict.reason)
         return verdict.complete
@@ -232,17 +260,21 @@ class Watcher:
         return result
 
     def _earliest_settled(self) -> float | None:
-        """When the soonest settling save could next be found settled, or ``None`` when none is settling."""
+        """When the soonest save on its way could next be found complete, or ``None`` when none is.
+
+        A ``dcp`` save waiting for ``.metadata`` could complete at any time: ``inf`` here, so the drain looks
+        again after one interval.
+        """
         if not self._settling:
-            return None
+            return math.inf if self._outstanding else None
         return min(look.finished for look in self._settling.values()) + self.settle
 
     def watch(self, stop: threading.Event) -> list[Entry]:
         """Scan every interval until ``stop`` is set, then drain; return every entry created, in order.
 
         A scan error ends the watch with that error, a scan over the timeout with ``ScanTimeoutError``.
-        Once ``stop`` is set, the watcher scans once more, then, while some save has complete markers but has
-        not settled, keeps scanning for at most the settle time after that scan (rule 6). A ``stop`` that is
+        Once ``stop`` is set, the watcher scans once more, then, while some save is on its way (rule 6),
+        keeps scanning for at most the settle time after that scan. A ``stop`` that is
         already set when ``watch`` starts makes it one scan plus that drain: ``ckpt watch --once``.
         """
         created: list[Entry] = []

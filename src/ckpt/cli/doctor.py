@@ -4,7 +4,10 @@ Checks, each reported with a name, a verdict and one line of detail (never a sec
 
 * ``root``: the root is reachable and its publication log parses.
 * ``credentials`` (S3): which credential source answered — its name only.
-* ``proxy`` (S3): which proxy the endpoint gets, user-info redacted, or ``direct``.
+* ``proxy`` (S3): for each host the client contacted for the root (the bucket's own host with
+  virtual-hosted addressing; the endpoint when no request was sent), the proxy it is routed through,
+  user-info redacted, or ``direct``. It fails when such a proxy does not accept a TCP connection, and
+  runs even when the root check failed, since an unreachable proxy is a likely reason.
 * ``exclusive-create``: the store refuses a second exclusive create of the same name. On S3 this catches
   servers that ignore ``If-None-Match: *`` and would silently overwrite entries; on POSIX it also proves the
   root is writable and fsync works.
@@ -24,6 +27,9 @@ if TYPE_CHECKING:
     from ckpt.cli import Context
 
 __all__ = ["register", "run"]
+
+#: How long the proxy check waits for a TCP connection to a proxy.
+_PROXY_CONNECT_SECONDS = 5.0
 
 
 def register(commands: Any) -> None:
@@ -52,11 +58,27 @@ def _describe_credentials(store: S3Store) -> tuple[bool, str]:
     return True, f"signed with credentials from source {source!r}"
 
 
-def _describe_proxy(store: S3Store) -> tuple[bool, str]:
-    if store.connection is None:
+def _check_proxy(store: S3Store) -> tuple[bool, str]:
+    from ckpt.adapters.proxy import probe_proxy
+    from ckpt.domain.redaction import redact_url
+
+    connection = store.connection
+    if connection is None:
         return True, "unknown (client injected)"
-    via = store.connection.proxy or "direct (no proxy)"
-    return True, f"{store.connection.endpoint} is reached {'through ' if store.connection.proxy else ''}{via}"
+    ok, lines = True, []
+    for origin in connection.routes() or [connection.endpoint]:
+        proxy = connection.proxy_for(origin)
+        if proxy is None:
+            lines.append(f"{origin} is reached direct (no proxy)")
+            continue
+        problem = probe_proxy(proxy, _PROXY_CONNECT_SECONDS)
+        if problem is None:
+            lines.append(f"{origin} is reached through {redact_url(proxy)}")
+        else:
+            ok = False
+            shown = redact_url(proxy)
+            lines.append(f"{origin} is routed through the proxy {shown}, which cannot be reached: {problem}")
+    return ok, "; ".join(lines)
 
 
 def _probe_s3(store: S3Store) -> tuple[bool, str]:
@@ -75,17 +97,23 @@ def _checks(ctx: Context) -> list[tuple[str, bool, str]]:
         results.append((name, ok, detail))
         return bool(ok)
 
-    if not check("root", lambda: _check_root(ctx)):
+    root_ok = check("root", lambda: _check_root(ctx))
+    try:
+        store = ctx.store()
+    except CkptError:  # the root check already reported why the store cannot be opened
         return results
-    store = ctx.store()
     if store.root.startswith("s3://"):
         from ckpt.adapters.s3 import S3Store
 
         assert isinstance(store, S3Store)
         s3_store = store
-        check("credentials", lambda: _describe_credentials(s3_store))
-        check("proxy", lambda: _describe_proxy(s3_store))
-        check("exclusive-create", lambda: _probe_s3(s3_store))
+        if root_ok:
+            check("credentials", lambda: _describe_credentials(s3_store))
+        check("proxy", lambda: _check_proxy(s3_store))
+        if root_ok:
+            check("exclusive-create", lambda: _probe_s3(s3_store))
+    elif not root_ok:
+        return results
     else:
         from ckpt.adapters.posix import PosixStore, probe_exclusive_create
 

@@ -7,7 +7,8 @@ Rules for this module:
   ``os.devnull``, configured endpoint URLs are ignored). So ``AWS_PROFILE``, ``AWS_DEFAULT_REGION``,
   ``AWS_ENDPOINT_URL_S3``, ``AWS_CA_BUNDLE`` or a ``[profile]`` in ``~/.aws/config`` cannot redirect, re-key
   or weaken signed requests. Region, endpoint, CA bundle and proxies are passed explicitly by the S3
-  adapter (``ckpt.adapters.s3.client.create_s3_client``, which insists on explicit proxies).
+  adapter (``ckpt.adapters.s3.client.create_s3_client`` insists on explicit proxies, then routes every
+  request by the proxy rule).
   ``BOTOCORE_EXPERIMENTAL__PLUGINS`` is the one ambient knob botocore offers no way to switch off per
   session.
 - The credential resolver holds exactly one provider, backed by our chain. Its credentials are a

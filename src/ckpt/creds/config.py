@@ -30,6 +30,7 @@ from ckpt.creds.vault import (
     vault_address_problem,
 )
 from ckpt.domain.errors import ConfigError
+from ckpt.domain.redaction import redact_url
 
 __all__ = ["KINDS", "chain_from_config", "validate_credentials_config"]
 
@@ -187,7 +188,7 @@ def _vault(table: _Table, name: str, proxy_for: Callable[[str], str | None] | No
     problem = vault_address_problem(address.rstrip("/"), allow_insecure_http=allow_insecure_http)
     if problem is not None:
         key = table.key("address")
-        raise ConfigError(f"{key} {address!r} is refused: {problem}", key=key)
+        raise ConfigError(f"{key} {redact_url(address, keep_user=False)!r} is refused: {problem}", key=key)
     mount = table.string("mount") or "secret"
     if not path.strip("/") or not mount.strip("/"):
         key = table.key("path") if not path.strip("/") else table.key("mount")

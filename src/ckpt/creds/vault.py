@@ -3,11 +3,12 @@
 Rules for this module (each one closes a way a Vault token or secret could leak or be misused):
 
 - ``hvac`` and ``requests`` are imported inside functions: importing ``ckpt.creds`` needs neither.
-- The HTTP session is ours: ``trust_env=False`` (no ``*_PROXY``, ``REQUESTS_CA_BUNDLE`` or ``.netrc`` from the
-  environment), proxies from the injected ``proxy_for`` rule alone, TLS verified against the configured CA
-  bundle (or the system default). ``hvac.Client`` is always given an explicit token, URL, CA and client
-  certificate, so it never reads ``VAULT_TOKEN``, ``~/.vault-token``, ``VAULT_ADDR``, ``VAULT_CACERT`` or
-  ``VAULT_CLIENT_CERT``.
+- The HTTP session is the project's one proxy wiring, :func:`ckpt.adapters.proxy.requests_session`:
+  ``trust_env=False`` (no ``*_PROXY``, ``REQUESTS_CA_BUNDLE`` or ``.netrc`` from the environment), and the
+  proxy of every request decided by the injected ``proxy_for`` rule for that request's own URL; TLS
+  verified against the configured CA bundle (or the system default). ``hvac.Client`` is always given an
+  explicit token, URL, CA and client certificate, so it never reads ``VAULT_TOKEN``, ``~/.vault-token``,
+  ``VAULT_ADDR``, ``VAULT_CACERT`` or ``VAULT_CLIENT_CERT``.
 - Redirects are never followed: a 3xx answer is an error before anything is sent elsewhere. A Vault standby
   answers 307 to the active node, and ``requests`` would carry ``X-Vault-Token`` (not an ``Authorization``
   header, so not stripped) to wherever ``Location`` points.
@@ -39,6 +40,7 @@ import attrs
 from ckpt.creds.files import read_secret_file
 from ckpt.creds.model import Credentials
 from ckpt.domain.errors import CkptError, ConfigError, CredentialsError
+from ckpt.domain.redaction import redact_url
 
 __all__ = [
     "DEFAULT_JWT_FILE",
@@ -131,15 +133,6 @@ def _is_loopback(host: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return ip.ipv4_mapped.is_loopback
     return ip.is_loopback
-
-
-def _redacted_proxy(proxy: str) -> str:
-    try:
-        parts = urlsplit(proxy)
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<malformed proxy URL>"
-    return f"{parts.scheme}://{parts.hostname}{port}"
 
 
 @attrs.frozen
@@ -275,7 +268,8 @@ class VaultSource:
     def __attrs_post_init__(self) -> None:
         problem = vault_address_problem(self.address, allow_insecure_http=self.allow_insecure_http)
         if problem is not None:
-            raise ConfigError(f"Vault address {self.address!r} is refused: {problem}")
+            shown = redact_url(self.address, keep_user=False)
+            raise ConfigError(f"Vault address {shown!r} is refused: {problem}")
         self.path = self.path.strip("/")
         self.mount = self.mount.strip("/")
         if not self.path or not self.mount:
@@ -468,26 +462,25 @@ class VaultSource:
 
     def _new_client(self) -> Any:
         import hvac
-        import requests
+
+        from ckpt.adapters.proxy import requests_session
 
         proxy = self.proxy_for(self.address)
-        proxies = {urlsplit(self.address).scheme: proxy} if proxy else {}
         verify: bool | str = str(self.ca_bundle) if self.ca_bundle is not None else True
-        session = requests.Session()
-        session.trust_env = False
-        session.proxies = dict(proxies)
+        # The rule decides each request's proxy (whatever proxies hvac passes along); trust_env is off.
+        session = requests_session(self.proxy_for)
         session.verify = verify
         session.max_redirects = 0
         session.hooks["response"].append(self._refuse_redirect)
         if proxy:
-            _log.debug("%s: reaching %s through proxy %s", self.name, self.address, _redacted_proxy(proxy))
+            _log.debug("%s: reaching %s through proxy %s", self.name, self.address, redact_url(proxy))
         return hvac.Client(
             url=self.address,
             token="",  # never None: hvac would read VAULT_TOKEN or ~/.vault-token
             cert=(),  # never None: hvac would read VAULT_CLIENT_CERT
             verify=verify,  # never None: hvac would read VAULT_CACERT
             timeout=self.timeout,
-            proxies=dict(proxies),
+            proxies={},  # ignored by the session, which asks the rule; never None
             allow_redirects=False,
             session=session,
             namespace=self.namespace,

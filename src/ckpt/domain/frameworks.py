@@ -15,14 +15,20 @@ Rules:
    the ``NaN``/``Infinity`` the Trainer writes into ``log_history``) to a JSON *object*, and the
    ``checkpoint-is-incomplete.txt`` sentinel is absent. ``dcp`` marker: ``.metadata`` is present (DCP renames
    it into place once every rank has written).
-3. Settle (the watcher only): with a settle time ``S > 0``, a save whose markers are complete is complete
-   only once its listing of file names and sizes was identical on two looks at least ``S`` apart, measured
-   from the *end* of the first look to the *start* of the second, with no change seen in between. The
-   default is one interval for ``hf`` (the Trainer writes ``trainer_state.json`` from the main process while
-   other ranks may still be writing) and 0 for ``dcp``; an explicit settle time applies to either. ``S == 0``
-   means a save is complete on the first look at its markers.
-4. Verified resolve uses the markers only (rule 2): settle is about a save still being written, and a
-   published save was settled when it was published.
+3. ``hf`` ranks: when the world size ``N`` is known and greater than 1, every ``rng_state_<i>.pth`` for
+   ``i < N`` is present and is a complete zip (its end-of-central-directory record ends the file). Each
+   Trainer process writes its own as the last file of its part of the save, with no barrier before the main
+   process writes ``trainer_state.json``; a rank that died mid-save never changes the listing again, so
+   settle alone cannot catch it. With ``N`` unknown or 1 there is nothing more to check (one process writes
+   ``rng_state.pth`` before ``trainer_state.json``).
+4. Settle (the watcher only, ``hf`` only): with a settle time ``S > 0``, a save whose markers are complete
+   is complete only once its listing of file names and sizes was identical on two looks at least ``S``
+   apart, measured from the *end* of the first look to the *start* of the second, with no change seen in
+   between. The default is one interval. ``S == 0`` means a save is complete on the first look at its
+   markers. A ``dcp`` save never waits for settle: ``.metadata`` is renamed into place after every rank has
+   written, so it is a true completion marker; for ``dcp`` the settle time only bounds the watcher's drain.
+5. Verified resolve uses the markers only (rules 2 and 3): settle is about a save still being written, and
+   a published save was settled when it was published.
 
 Pure: standard library, attrs and the domain only.
 """
@@ -43,16 +49,23 @@ from ckpt.domain.ports import FileInfo
 __all__ = [
     "INCOMPLETE_SENTINEL",
     "METADATA",
+    "RNG_STATE_MAX_BYTES",
     "TRAINER_STATE",
+    "ZIP_TAIL_BYTES",
+    "FileTail",
     "Framework",
     "Listing",
     "Markers",
     "SaveFolder",
     "Verdict",
     "check_markers",
+    "check_world_size",
+    "check_zip_tail",
     "default_settle",
     "judge_save",
     "parse_framework",
+    "parse_world_size",
+    "rank_files",
     "save_folders",
     "save_step",
 ]
@@ -60,6 +73,13 @@ __all__ = [
 TRAINER_STATE = "trainer_state.json"
 INCOMPLETE_SENTINEL = "checkpoint-is-incomplete.txt"
 METADATA = ".metadata"
+# Rule 3: a rank's RNG state is a few kilobytes (Python, NumPy, torch CPU and accelerator generators). A file
+# listed larger than this is not read whole; the bound keeps a strange file from costing a scan its memory.
+RNG_STATE_MAX_BYTES = 64 * 1024 * 1024
+# A zip's end-of-central-directory record is 22 bytes plus a comment of at most 65,535 bytes, so it lies
+# within this many bytes of the end.
+ZIP_TAIL_BYTES = 22 + 0xFFFF
+_EOCD = b"PK\x05\x06"
 
 
 class Framework(enum.Enum):
@@ -96,8 +116,42 @@ def parse_framework(text: str) -> Framework:
 
 
 def default_settle(framework: Framework, interval: float) -> float:
-    """The settle time when none is given: one interval for ``hf``, 0 for ``dcp`` (rule 3)."""
+    """The settle time when none is given: one interval for ``hf``, 0 for ``dcp`` (rule 4)."""
     return interval if framework is Framework.HF else 0.0
+
+
+MAX_WORLD_SIZE = 2**31 - 1  # torch keeps ranks in a 32-bit int
+
+
+def parse_world_size(text: str) -> int:
+    """Parse a world size (the number of training processes): ASCII decimal digits, 1 or more.
+
+    >>> parse_world_size("8")
+    8
+    """
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit():
+        raise InvalidError(f"world size {text!r} is not a whole number of processes (such as 8)")
+    return check_world_size(int(text))
+
+
+def check_world_size(world_size: int) -> int:
+    """Return ``world_size`` when it is a whole number of processes from 1 to 2**31 - 1; else InvalidError."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise InvalidError(f"world size {world_size!r} is not a whole number of processes")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise InvalidError(f"world size {world_size!r} must be between 1 and {MAX_WORLD_SIZE}")
+    return world_size
+
+
+def rank_files(framework: Framework, world_size: int | None) -> tuple[str, ...]:
+    """The per-rank files a complete save must hold, in rank order (rule 3).
+
+    >>> rank_files(Framework.HF, 2), rank_files(Framework.HF, 1), rank_files(Framework.DCP, 2)
+    (('rng_state_0.pth', 'rng_state_1.pth'), (), ())
+    """
+    if framework is not Framework.HF or world_size is None or check_world_size(world_size) == 1:
+        return ()
+    return tuple(f"rng_state_{rank}.pth" for rank in range(world_size))
 
 
 def save_step(framework: Framework, name: str) -> int | None:
@@ -149,6 +203,47 @@ class Markers:
     trainer_state: bytes | None = None
     incomplete_sentinel: bool = False
     metadata: bool = False
+    rank_states: tuple[FileTail | None, ...] = ()
+
+
+@attrs.frozen
+class FileTail:
+    """The end of one file as read: its size in bytes and its last bytes (the whole file when small).
+
+    ``tail`` is empty when the file was not read (larger than a reader's bound).
+    """
+
+    size: int
+    tail: bytes
+
+
+def check_zip_tail(file: FileTail) -> str | None:
+    """Return why ``file`` does not end as a complete zip does, or ``None`` when it does (rule 3).
+
+    A complete zip ends with its end-of-central-directory record: the signature ``PK\\x05\\x06`` at
+    ``size - 22 - c``, where ``c`` is the comment length the record holds 20 bytes in, so that the record
+    and its comment end exactly at the end of the file. ``torch.save`` writes that record last, so a file
+    cut short anywhere fails the check. The same test works on the last ``ZIP_TAIL_BYTES`` of a file.
+
+    >>> check_zip_tail(FileTail(3, b"PK\\x03"))
+    'no end-of-central-directory record at its end'
+    """
+    data = file.tail
+    if len(data) > file.size:
+        return "its tail is longer than the file"
+    lowest = max(0, len(data) - ZIP_TAIL_BYTES)
+    limit = len(data) - 18  # the signature must start 22 bytes or more before the end
+    while (at := data.rfind(_EOCD, lowest, limit)) >= 0:
+        comment_length = _le(data, at + 20, 2)
+        if at + 22 + comment_length == len(data):
+            return None
+        limit = at + 3  # look further back, past this false match
+    return "no end-of-central-directory record at its end"
+
+
+def _le(data: bytes, at: int, size: int) -> int:
+    """The unsigned little-endian integer of ``size`` bytes at ``data[at:]`` (as zip stores them)."""
+    return int.from_bytes(data[at : at + size], "little")
 
 
 def _is_json_object(data: bytes) -> bool:
@@ -159,12 +254,19 @@ def _is_json_object(data: bytes) -> bool:
     return isinstance(value, dict)
 
 
-def check_markers(framework: Framework, markers: Markers) -> str | None:
-    """Return why the markers say the save is not complete, or ``None`` when they say it is (rule 2).
+def check_markers(framework: Framework, markers: Markers, *, world_size: int | None = None) -> str | None:
+    """Return why the markers say the save is not complete, or ``None`` when they say it is (rules 2, 3).
+
+    ``world_size`` (``None``: unknown) is the number of training processes; for ``hf`` with more than one,
+    ``markers.rank_states[i]`` must be rank ``i``'s complete ``rng_state_<i>.pth``. A reader may stop at the
+    first rank that fails, leaving ``rank_states`` shorter: the ranks are checked in order, so the verdict
+    names that one.
 
     >>> check_markers(Framework.HF, Markers(trainer_state=b'{"global_step": 5}'))
     >>> check_markers(Framework.HF, Markers(trainer_state=b'{"global_st'))
     'trainer_state.json is not a JSON object'
+    >>> check_markers(Framework.HF, Markers(trainer_state=b"{}"), world_size=2)
+    'no rng_state_0.pth (rank 0 of 2 has not finished its part of the save)'
     """
     if framework is Framework.DCP:
         return None if markers.metadata else f"no {METADATA}"
@@ -174,6 +276,16 @@ def check_markers(framework: Framework, markers: Markers) -> str | None:
         return f"{TRAINER_STATE} is not a JSON object"
     if markers.incomplete_sentinel:
         return f"incomplete: {INCOMPLETE_SENTINEL} is present"
+    names = rank_files(framework, world_size)
+    for rank, name in enumerate(names):
+        state = markers.rank_states[rank] if rank < len(markers.rank_states) else None
+        if state is None:
+            return f"no {name} (rank {rank} of {len(names)} has not finished its part of the save)"
+        if state.size > RNG_STATE_MAX_BYTES:
+            return f"{name} is {state.size} bytes, more than a rank's RNG state can be; not read"
+        problem = check_zip_tail(state)
+        if problem is not None:
+            return f"{name} is not a complete zip: {problem} (rank {rank} of {len(names)} was cut short)"
     return None
 
 
@@ -219,11 +331,14 @@ def judge_save(
     settle: float,
     listing: Listing | None = None,
     since: Listing | None = None,
+    world_size: int | None = None,
 ) -> Verdict:
-    """Decide whether a save is complete for the watcher: markers (rule 2), then settle (rule 3).
+    """Decide whether a save is complete for the watcher: markers (rules 2, 3), then settle (rule 4).
 
-    ``listing`` is this scan's look at the save's files; it is needed only when ``settle > 0`` and the
-    markers are complete. ``since`` is what the previous verdict for this save kept.
+    ``listing`` is this scan's look at the save's files; it is needed only for ``hf`` when ``settle > 0``
+    and the markers are complete. ``since`` is what the previous verdict for this save kept. ``world_size``
+    is passed on to :func:`check_markers`. A ``dcp`` save is complete once its markers are: settle never
+    delays it.
 
     >>> state = Markers(trainer_state=b"{}")
     >>> first = Listing((FileInfo("trainer_state.json", 2),), started=0.0, finished=0.1)
@@ -234,10 +349,10 @@ def judge_save(
     True
     """
     settle = _check_settle(settle)
-    reason = check_markers(framework, markers)
+    reason = check_markers(framework, markers, world_size=world_size)
     if reason is not None:
         return Verdict(reason)
-    if settle == 0:
+    if settle == 0 or framework is Framework.DCP:
         return Verdict(None)
     if listing is None:
         raise InvalidError("judging a settle needs this scan's listing of the save's files")

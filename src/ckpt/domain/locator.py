@@ -6,7 +6,8 @@ one into the other the same way, so the rules live here once:
 
 1. A save's location is the root, ``/``, and the save path (the POSIX root ``/`` adds no second slash).
 2. A location names a save only when it lies lexically under the root; one trailing ``/`` is allowed. The
-   save path that remains must be a valid save (``validate_save``): anything else is ``InvalidError``.
+   save path that remains must be a valid save (``validate_save``): anything else is ``InvalidError``,
+   whose message shows the location with any user-info redacted.
 3. A *folder path* is a save path or ``""`` for the root itself: listing the folders of the root is allowed,
    publishing the root is not.
 
@@ -19,6 +20,7 @@ import attrs
 
 from ckpt.domain.entries import exec_save_prefix, validate_save
 from ckpt.domain.errors import InvalidError
+from ckpt.domain.redaction import redact_url
 
 __all__ = ["Locator"]
 
@@ -55,16 +57,17 @@ class Locator:
 
     def save_of(self, location: str) -> str:
         """Return the save path a location names, or raise ``InvalidError`` saying why not (rule 2)."""
+        shown = redact_url(location, keep_user=False) if isinstance(location, str) else location
         if not isinstance(location, str) or not location.startswith(self.scheme):
-            raise InvalidError(f"save location {location!r} is not {self.form} under the root {self.root}")
+            raise InvalidError(f"save location {shown!r} is not {self.form} under the root {self.root}")
         base = self.base
         candidate = location[:-1] if location.endswith("/") and location != base else location
         if not candidate.startswith(base):
-            raise InvalidError(f"save location {location!r} is not under the root {self.root}")
+            raise InvalidError(f"save location {shown!r} is not under the root {self.root}")
         try:
             return validate_save(candidate[len(base) :])
         except InvalidError as exc:
-            raise InvalidError(f"save location {location!r}: {exc}") from None
+            raise InvalidError(f"save location {shown!r}: {exc}") from None
 
     def folder_of(self, location: str) -> str:
         """Return the folder path of a location: ``""`` for the root itself, else its save path (rule 3)."""

@@ -39,20 +39,26 @@ Rules:
    * ``10.0.0.0/8``, ``2001:db8::/32``: a network (host bits may be set); matches IP targets in it.
    * ``1.2.3.4``, ``2001:db8::1``: one address, any port. ``1.2.3.4:80``, ``[2001:db8::1]:443``: that
      address and port. IPv4-mapped IPv6 addresses compare as their IPv4 address; zones are ignored.
+   * An empty port (``example.com:``, ``1.2.3.4:``, ``[2001:db8::1]:``) means any port, as in Go, whose
+     ``net.SplitHostPort`` splits such an entry into the host and an empty port that matches every port.
    * ``example.com``: that name and its subdomains on a label boundary (not ``notexample.com``).
      ``.example.com`` and ``*.example.com``: subdomains only. Any of them may end in ``:port``.
      Labels are letters, digits, ``-`` and ``_``, with an optional final dot; non-ASCII names are compared
      in IDNA form.
    * Domain entries never match an IP target. So ``*.example.com`` does not bypass the proxy for
      ``http://[fe80::1%25.example.com]/`` (the zone is not a domain): the CVE-2025-22870 fix.
-   * Every other entry is malformed and never matches (``:443``, ``https://example.com``, ``*:80``,
-     ``[2001:db8::1]`` without a port, ``example.com:``, a zone in an entry). It does not raise: the rule
+   * Every other entry is malformed and never matches (``:443``, ``:``, ``https://example.com``,
+     ``*:80``, ``[2001:db8::1]`` without a port, a zone in an entry). It does not raise: the rule
      reports it in :attr:`ProxyRule.ignored_no_proxy_entries` for the shell to warn about.
 
 8. Secrets. A proxy URL may carry a password. ``repr()`` and every message here show it redacted by
-   :func:`redact_url` (``user:***@``); only :meth:`ProxyRule.proxy_for` returns it in clear, for the client.
+   :func:`~ckpt.domain.redaction.redact_url` (``user:***@``), the project's one redaction helper, and
+   quote no other piece of a value (not its "scheme" when that is not a well-formed scheme, not its
+   port): in a malformed value such a piece may be the password. Only :meth:`ProxyRule.proxy_for`
+   returns a password in clear, for the client.
 
-Pure: the standard library's ``ipaddress`` and ``re`` and its ``idna`` codec, and ``attrs``.
+Pure: the standard library's ``ipaddress`` and ``re`` and its ``idna`` codec, ``attrs``, and
+:mod:`ckpt.domain.redaction`.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from typing import Final
 import attrs
 
 from ckpt.domain.errors import ConfigError, ProxyConfigError
+from ckpt.domain.redaction import redact_url
 
 __all__ = [
     "ProxyRule",
@@ -88,35 +95,11 @@ _UNSAFE_CHARS: Final = re.compile(r"[\x00-\x20\x7f]")
 _FORBIDDEN_HOST_CHARS: Final = re.compile(r"[#%/:<>?@\[\\\]^|]")
 # RFC 3986 §3.1: a scheme is a letter followed by letters, digits, "+", "-" and ".".
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-_SCHEME_AND_SLASHES: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 # Rule 7: a domain entry, after the leading "." or "*." is removed and IDNA is applied.
 _DOMAIN_ENTRY: Final = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?")
-# Rule 7: "[2001:db8::1]:443", the only bracketed entry form.
-_BRACKETED_ENTRY: Final = re.compile(r"\[([^\[\]]+)\]:([0-9]+)")
+# Rule 7: "[2001:db8::1]:443" or "[2001:db8::1]:" (any port), the only bracketed entry forms.
+_BRACKETED_ENTRY: Final = re.compile(r"\[([^\[\]]+)\]:([0-9]*)")
 _PORT: Final = re.compile(r"[0-9]{1,5}")
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` with the password of its user-info replaced by ``***``.
-
-    Works on malformed values too, so error messages can show them. Everything after a leading
-    ``scheme://`` (or from the start) up to the *last* ``@`` counts as user-info, so a password with an
-    unescaped ``/`` or ``@`` is still hidden; a URL with ``@`` only in its path is over-redacted, which is
-    the safe way to be wrong. A user name without a password is hidden too (it is often a token).
-
-    >>> redact_url("http://alice:s3cr3t@proxy.example:3128")
-    'http://alice:***@proxy.example:3128'
-    >>> redact_url("http://token@proxy.example")
-    'http://***@proxy.example'
-    """
-    scheme = _SCHEME_AND_SLASHES.match(url)
-    start = scheme.end() if scheme else 0
-    at = url.rfind("@", start)
-    if at < 0:
-        return url
-    user, colon, _password = url[start:at].partition(":")
-    shown = f"{user}:***" if colon else "***"
-    return f"{url[:start]}{shown}{url[at:]}"
 
 
 def is_cgi(environ: Mapping[str, str]) -> bool:
@@ -145,9 +128,12 @@ def parse_proxy_url(value: str, *, source: str = "proxy") -> str:
     if "\\" in value:
         raise refuse("it contains a backslash")
     if "://" in value:
-        scheme, _, rest = value.partition("://")
-        scheme = scheme.lower()
+        scheme_text, _, rest = value.partition("://")
+        scheme = scheme_text.lower()
         if scheme not in _PROXY_SCHEMES:
+            if not _SCHEME.fullmatch(scheme_text + ":"):
+                # Not a scheme, so possibly user-info (":p%40ss@://"): never quote it on its own.
+                raise refuse("the text before '://' is not a URL scheme (use http:// or https://)")
             raise refuse(f"scheme {scheme!r} is not supported (use http:// or https://)")
     else:
         scheme, rest = "http", value
@@ -220,7 +206,8 @@ def _canonical_name(name: str) -> str:
 def _parse_port(text: str) -> int:
     """Parse a decimal port 1-65535, or raise ValueError."""
     if not _PORT.fullmatch(text) or not 0 < int(text) <= 65535:
-        raise ValueError(f"port {text!r} is not a number from 1 to 65535")
+        # The port text is not quoted: in a malformed value it may be a password ("http://alice:s3cr3t").
+        raise ValueError("its port is not a number from 1 to 65535")
     return int(text)
 
 
@@ -349,14 +336,16 @@ def _parse_no_proxy_entry(entry: str) -> _Entry | None:
     if bracketed is not None:
         try:
             address = ipaddress.IPv6Address(bracketed.group(1))
-            return _Address(_unmap(address), _parse_port(bracketed.group(2)))
+            port_text = bracketed.group(2)
+            return _Address(_unmap(address), _parse_port(port_text) if port_text else None)
         except ValueError:
             return None
-    name, colon, port_text = entry.partition(":")
+    name, _, port_text = entry.partition(":")
     if ":" in port_text:  # several colons, yet not an IPv6 address
         return None
     try:
-        port = _parse_port(port_text) if colon else None
+        # "host:" (an empty port) means any port, as Go's net.SplitHostPort reads it.
+        port = _parse_port(port_text) if port_text else None
     except ValueError:
         return None
     try:

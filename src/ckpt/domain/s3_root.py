@@ -24,6 +24,7 @@ import attrs
 from ckpt.domain.entries import PUB_DIR_NAME
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.names import MAX_NAME_BYTES
+from ckpt.domain.redaction import redact_url
 
 __all__ = ["MAX_KEY_BYTES", "MAX_PREFIX_BYTES", "S3Root", "parse_s3_root"]
 
@@ -50,14 +51,6 @@ class S3Root:
     def url(self) -> str:
         """The root in its canonical form: ``s3://bucket`` or ``s3://bucket/prefix``."""
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-
-def _redact_userinfo(root: str) -> str:
-    scheme, sep, rest = root.partition("://")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return f"{scheme}{sep}{authority}{slash}{path}"
-
 
 def _bucket_error(bucket: str) -> str | None:
     if not 3 <= len(bucket) <= 63:
@@ -108,8 +101,9 @@ def parse_s3_root(root: str) -> S3Root:
     S3Root(bucket='ml-checkpoints', prefix='team-a/run-42/')
     """
     if not isinstance(root, str) or not root.startswith("s3://"):
-        raise InvalidError(f"root {root!r} is not an s3:// URL")
-    shown = _redact_userinfo(root)
+        quoted = redact_url(root, keep_user=False) if isinstance(root, str) else root
+        raise InvalidError(f"root {quoted!r} is not an s3:// URL")
+    shown = redact_url(root, keep_user=False)
 
     def invalid(why: str) -> InvalidError:
         return InvalidError(f"root {shown!r} is not a valid S3 root: {why}")

@@ -32,6 +32,7 @@ __all__ = [
     "S3Connection",
     "S3Root",
     "S3Store",
+    "connect_s3",
     "make_s3_client",
     "open_s3_store",
     "parse_s3_root",

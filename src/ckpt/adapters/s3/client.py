@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ckpt.adapters.proxy import botocore_proxies
+from ckpt.adapters.proxy import ProxyRoutes, route_botocore_client
 from ckpt.adapters.s3.errors import botocore_errors, endpoint_of
-from ckpt.domain.errors import InvalidError
-from ckpt.domain.proxy import ProxyRule, is_cgi, redact_url
+from ckpt.domain.errors import CkptError, InvalidError
+from ckpt.domain.proxy import ProxyRule, is_cgi
+from ckpt.domain.redaction import redact_url
 
 if TYPE_CHECKING:
     import botocore.config
@@ -31,21 +32,29 @@ __all__ = ["S3Connection", "connect_s3", "create_s3_client", "make_s3_client"]
 _DEFAULT_REGION = "us-east-1"
 
 class S3Connection:
-    """How :func:`make_s3_client` connected: the endpoint, the proxy it gets, and the signing credentials.
+    """How :func:`make_s3_client` connected: the endpoint, the proxy routes taken, the signing credentials.
 
-    ``doctor`` reports from it; nothing here holds a secret in its repr (the proxy URL is redacted and the
-    credentials object only names its source).
+    ``doctor`` reports from it; nothing here shows a secret (proxy URLs are redacted, the routes' rule has a
+    redacted repr, and the credentials object only names its source).
     """
 
-    __slots__ = ("_credentials", "endpoint", "proxy")
+    __slots__ = ("_credentials", "_routes", "endpoint")
 
-    def __init__(self, endpoint: str, proxy: str | None, credentials: Any) -> None:
+    def __init__(self, endpoint: str, routes: ProxyRoutes, credentials: Any) -> None:
         self.endpoint = endpoint
-        self.proxy = redact_url(proxy) if proxy else None
+        self._routes = routes
         self._credentials = credentials
 
     def __repr__(self) -> str:
-        return f"S3Connection(endpoint={self.endpoint!r}, proxy={self.proxy!r})"
+        return f"S3Connection(endpoint={self.endpoint!r}, routes={self.routes()!r})"
+
+    def routes(self) -> dict[str, str | None]:
+        """Each origin the client has sent a request to, and its proxy (redacted) or ``None`` for direct."""
+        return {origin: redact_url(p) if p else None for origin, p in self._routes.seen().items()}
+
+    def proxy_for(self, url: str) -> str | None:
+        """The proxy (in clear: for a connection, not for display) the client would take to ``url``."""
+        return self._routes.rule.proxy_for(url)
 
     @property
     def credentials_source(self) -> str | None:
@@ -61,12 +70,15 @@ def create_s3_client(
     endpoint_url: str | None,
     config: botocore.config.Config,
     verify: bool | str | None = None,
+    proxy_routes: ProxyRoutes | None = None,
 ) -> Any:
     """Create an S3 client on a :func:`make_botocore_session` session, with the auth retry installed.
 
     ``region_name`` and ``endpoint_url`` are explicit (``None`` means AWS's own endpoint for the region,
-    never one from the environment). ``config.proxies`` must be set (``{}`` for direct): left unset,
-    botocore would read ``HTTPS_PROXY`` behind the proxy rule's back.
+    never one from the environment). ``config.proxies`` must be set (``{}``): left unset, botocore would
+    read ``HTTPS_PROXY`` behind the proxy rule's back. Every request then takes the route
+    ``proxy_routes`` decides for its own URL (:func:`ckpt.adapters.proxy.route_botocore_client`);
+    ``None`` sends every request direct.
     """
     from ckpt.creds.botocore_session import ChainCredentials, install_auth_retry
 
@@ -78,6 +90,7 @@ def create_s3_client(
     client = session.create_client(
         "s3", region_name=region_name, endpoint_url=endpoint_url, config=config, verify=verify
     )
+    route_botocore_client(client, proxy_routes or ProxyRoutes(ProxyRule()))
     install_auth_retry(client, credentials)
     return client
 
@@ -116,7 +129,10 @@ def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Conne
     endpoint = s3.endpoint_url
     effective_endpoint = endpoint or f"https://s3.{region}.amazonaws.com"
     rule = _proxy_rule(config, environ)
-    proxies = botocore_proxies(rule, effective_endpoint)
+    # Every request is decided for its own URL (route_botocore_client); asking once for the endpoint now
+    # makes a CGI refusal or a malformed endpoint fail here, before any credential lookup.
+    rule.proxy_for(effective_endpoint)
+    routes = ProxyRoutes(rule)
     client_config = botocore.config.Config(
         region_name=region,
         connect_timeout=s3.connect_timeout,
@@ -127,7 +143,7 @@ def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Conne
             "use_accelerate_endpoint": False,
             "use_dualstack_endpoint": False,
         },
-        proxies=proxies,
+        proxies={},  # never None: botocore would read HTTP(S)_PROXY; the rule routes every request
         ignore_configured_endpoint_urls=True,
         use_fips_endpoint=False,
         use_dualstack_endpoint=False,
@@ -143,14 +159,16 @@ def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Conne
             endpoint_url=endpoint,
             config=client_config,
             verify=s3.ca_bundle or True,
+            proxy_routes=routes,
         )
+    except CkptError:
+        raise  # ours (InvalidError is a ValueError too): already says what is wrong, keep it as it is
     except errors.BotoCoreError as exc:
         failure = InvalidError(f"cannot build the S3 client from the [s3] settings ({type(exc).__name__})")
     except ValueError:  # botocore refuses a malformed endpoint URL with ValueError (its text shows the URL)
         failure = InvalidError(f"s3.endpoint_url {endpoint_of(endpoint)!r} is not a valid endpoint URL")
     else:
-        proxy = next(iter(proxies.values()), None)
-        return client, S3Connection(endpoint_of(effective_endpoint), proxy, session.get_credentials())
+        return client, S3Connection(endpoint_of(effective_endpoint), routes, session.get_credentials())
     raise failure
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ckpt.domain.errors import CkptError, CredentialsError, NotFoundError, StorageError
+from ckpt.domain.redaction import redact_url
 
 __all__ = [
     "CONDITIONAL_CONFLICT",
@@ -95,6 +96,8 @@ def endpoint_of(url: object) -> str:
     """Return ``scheme://host[:port]`` of a URL: no user-info, path or query (they may carry request data)."""
     if not isinstance(url, str) or not url:
         return "the S3 endpoint"
+    # Redacted first: a scheme-less "key:secret@host" would otherwise pass its user name off as a scheme.
+    url = redact_url(url, keep_user=False)
     try:
         parts = urlsplit(url)
         host = parts.hostname or "?"
