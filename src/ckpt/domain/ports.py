@@ -7,7 +7,8 @@ Two kinds of port live here:
   entries, resolve, prune, the watcher's reads) once.
 * The small store ports a storage technology implements: :class:`PublicationLog` (the names in ``pub/``),
   :class:`SaveTree` (the saves' folders and files) and, optionally, :class:`PruneJournal` (the prune's
-  control objects), plus optional capabilities (:class:`SyncsSaves`, :class:`ScansNameChunks`), checked with
+  control objects), plus optional capabilities (:class:`SyncsSaves`, :class:`ScansNameChunks`,
+  :class:`ProbesExclusiveCreate`), checked with
   ``isinstance`` on these runtime-checkable protocols. docs/adding-a-store.md walks through them.
 
 A *location* is a save's address in the store's own form: an absolute POSIX path, an ``s3://`` or a
@@ -26,8 +27,10 @@ import attrs
 from ckpt.domain.entries import Entry
 
 __all__ = [
+    "ExclusiveCreateProbe",
     "FileInfo",
     "Folder",
+    "ProbesExclusiveCreate",
     "PruneJournal",
     "PruneResult",
     "PublicationLog",
@@ -296,4 +299,23 @@ class PruneJournal(Protocol):
 
     def drop_journals(self, identifiers: Sequence[str]) -> None:
         """Remove these journals; one already gone is not an error. Durable when it returns."""
+        ...
+
+
+@attrs.frozen
+class ExclusiveCreateProbe:
+    """What a store's exclusive-create probe found (``ckpt doctor``): honoured or not, where, and why."""
+
+    honoured: bool
+    location: str
+    detail: str
+
+
+@runtime_checkable
+class ProbesExclusiveCreate(Protocol):
+    """Optional capability of a store: check that its storage honours exclusive create (``ckpt doctor``)."""
+
+    def probe_exclusive_create(self) -> ExclusiveCreateProbe:
+        """Create a fresh probe object outside ``pub/`` and ``exec/`` twice; the second create must be
+        refused. The probe is removed afterwards. Failures to reach the storage raise as usual."""
         ...

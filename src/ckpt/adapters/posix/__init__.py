@@ -25,8 +25,9 @@ from ckpt.application.checkpoint_store import SyncingCheckpointStore
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.journal import JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
+from ckpt.domain.ports import ExclusiveCreateProbe
 
-__all__ = ["JOURNAL_PREFIX", "PosixStore", "Syscalls", "probe_exclusive_create"]
+__all__ = ["JOURNAL_PREFIX", "PosixStore", "Syscalls"]
 
 
 def _normalized_root(root: str) -> str:
@@ -56,31 +57,31 @@ class PosixStore(SyncingCheckpointStore):
         tree = PosixTree(self._at)
         super().__init__(PosixLog(self._at), tree, locator, PosixJournal(self._at))
 
+    def probe_exclusive_create(self) -> ExclusiveCreateProbe:
+        """Create a probe file twice with ``O_EXCL`` beside ``pub/``; the second create must fail with EEXIST.
 
-def probe_exclusive_create(store: PosixStore) -> tuple[bool, str]:
-    """Create a probe file twice with ``O_EXCL`` beside ``pub/``; the second create must fail with EEXIST.
-
-    Also proves the root is writable and that fsync works on it. The probe is removed afterwards.
-    """
-    at = store._at  # the probe belongs to this adapter
-    calls = at.sys
-    path = os.path.join(at.root, f".ckpt-doctor-{os.getpid()}-{os.urandom(4).hex()}")
-    try:
-        calls.close(calls.open(path, CREATE_FLAGS, 0o600))
-    except OSError as exc:
-        return False, f"cannot create a file in {at.root}: {exc.strerror}"
-    try:
+        Also proves the root is writable and that fsync works on it. The probe is removed afterwards.
+        """
+        at = self._at
+        calls = at.sys
+        path = os.path.join(at.root, f".ckpt-doctor-{os.getpid()}-{os.urandom(4).hex()}")
         try:
             calls.close(calls.open(path, CREATE_FLAGS, 0o600))
-        except FileExistsError:
-            pass
-        else:
-            return False, f"a second O_EXCL create of {path} succeeded: exclusive create is not honoured"
-        try:
-            at.sync_dir(at.root)
         except OSError as exc:
-            return False, f"fsync of {at.root} failed: {exc.strerror}"
-        return True, f"O_EXCL honoured and fsync works in {at.root}"
-    finally:
-        with suppress(OSError):
-            calls.unlink(path)
+            return ExclusiveCreateProbe(False, path, f"cannot create a file in {at.root}: {exc.strerror}")
+        try:
+            try:
+                calls.close(calls.open(path, CREATE_FLAGS, 0o600))
+            except FileExistsError:
+                pass
+            else:
+                detail = f"a second O_EXCL create of {path} succeeded: exclusive create is not honoured"
+                return ExclusiveCreateProbe(False, path, detail)
+            try:
+                at.sync_dir(at.root)
+            except OSError as exc:
+                return ExclusiveCreateProbe(False, path, f"fsync of {at.root} failed: {exc.strerror}")
+            return ExclusiveCreateProbe(True, path, f"O_EXCL honoured and fsync works in {at.root}")
+        finally:
+            with suppress(OSError):
+                calls.unlink(path)

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from ckpt.adapters.s3.client import S3Connection, connect_s3, make_s3_client
 from ckpt.adapters.s3.objects import PAGE_SIZE, S3Client
-from ckpt.adapters.s3.store import ExclusiveCreateProbe, S3Store
+from ckpt.adapters.s3.store import S3Store
+from ckpt.domain.ports import ExclusiveCreateProbe
 from ckpt.domain.s3_root import MAX_PREFIX_BYTES, S3Root, parse_s3_root
 
 if TYPE_CHECKING:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-import attrs
-
 from ckpt.adapters.s3.client import S3Connection
 from ckpt.adapters.s3.errors import NOT_IMPLEMENTED
 from ckpt.adapters.s3.objects import Bucket, S3Client
@@ -37,7 +35,7 @@ from ckpt.domain.entries import PUB_DIR_NAME
 from ckpt.domain.errors import MalformedError, StorageError
 from ckpt.domain.journal import JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
-from ckpt.domain.ports import FileInfo, SaveKind, SaveRemoval
+from ckpt.domain.ports import ExclusiveCreateProbe, FileInfo, SaveKind, SaveRemoval
 from ckpt.domain.prune import SKIP_ALREADY_GONE
 from ckpt.domain.s3_root import parse_s3_root
 
@@ -195,15 +193,6 @@ class S3Journal:
         """Delete each journal object."""
         for identifier in identifiers:
             self._bucket.delete_object(self._key(identifier), action="remove the prune journal")
-
-
-@attrs.frozen
-class ExclusiveCreateProbe:
-    """What :meth:`S3Store.probe_exclusive_create` found: whether exclusive create is honoured, and why."""
-
-    honoured: bool
-    location: str
-    detail: str
 
 
 class S3Store(CheckpointStore):
