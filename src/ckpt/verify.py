@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import attrs
 
+from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import Entry
 from ckpt.domain.frameworks import (
     INCOMPLETE_SENTINEL,
@@ -25,7 +26,7 @@ from ckpt.domain.frameworks import (
     check_markers,
     save_step,
 )
-from ckpt.domain.ports import WatchStore
+from ckpt.domain.ports import SaveReader, Store, WatchStore
 
 __all__ = ["MISSING_FOLDER", "Verified", "read_markers", "resolve_verified"]
 
@@ -49,6 +50,8 @@ def read_markers(store: WatchStore, framework: Framework, location: str) -> Mark
 
     ``hf`` costs one read and one existence check, ``dcp`` one existence check.
     """
+    require_instance(store, SaveReader, "store")
+    require_instance(framework, Framework, "framework")
     if framework is Framework.DCP:
         return Markers(metadata=store.exists(location, METADATA))
     state = store.read_file(location, TRAINER_STATE)
@@ -85,6 +88,10 @@ def resolve_verified(store: WatchStore, framework: Framework) -> Verified:
     passed over come back in ``skipped`` with their reasons, for the caller to report
     (``ckpt: skipped <location>: <reason>``).
     """
+    # A store needs no sync_save to be verified: check only what this reads.
+    require_instance(store, Store, "store")
+    require_instance(store, SaveReader, "store")
+    require_instance(framework, Framework, "framework")
     newest = store.resolve()
     if newest is None:
         return Verified(None, ())
