@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from ckpt.domain.entries import MAX_U64, Entry
-from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, ScanTimeoutError
+from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
 from ckpt.domain.frameworks import (
     Framework,
     Listing,
@@ -192,7 +192,7 @@ class Watcher:
             entry = self.store.publish(self.epoch, step, location)
         except ExistsError:
             return True
-        except NotFoundError:
+        except (NotFoundError, SaveNotFoundError):
             # Deleted between the check and now (e.g. the Trainer's save_total_limit). If the root itself
             # is gone, the next listing says so and ends the watch.
             _log.warning("save vanished before it could be published: %s", location)
