@@ -25,7 +25,7 @@ from ckpt.domain.errors import (
 )
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name
-from ckpt.domain.saves import MAX_READ_BYTES
+from ckpt.domain.saves import MAX_READ_BYTES, too_large
 from ckpt.verify import resolve_verified
 from harness import Harness
 
@@ -419,7 +419,9 @@ class TestReadCap:
         )
         with pytest.raises(StorageError, match="64 MiB") as caught:
             store.read_file(location, "trainer_state.json")
-        assert "trainer_state.json" in str(caught.value)
+        expected = too_large(f"{location}/trainer_state.json", MAX_READ_BYTES + 1)
+        assert str(caught.value) == str(expected)
+        assert caught.value.location == expected.location
 
     def test_a_file_at_the_cap_reads_whole(self, harness: Harness) -> None:
         """A file of exactly 64 MiB is read in full."""

@@ -809,6 +809,8 @@ class PosixStore:
                 total += len(chunk)
                 if total > MAX_READ_BYTES:  # it grew while we read
                     raise too_large(path)
+        except StorageError:
+            raise  # ours already (too large): an OSError too, so it must not be wrapped again
         except OSError as exc:
             raise _storage_error("read", path, exc) from exc
         finally:
