@@ -708,16 +708,20 @@ class S3Store:
                     size = answer.get("ContentLength")
                     if isinstance(size, int) and size > MAX_READ_BYTES:
                         raise too_large(self._url(key), size)
-                    data: bytes = body.read(MAX_READ_BYTES + 1)
-                    if len(data) > MAX_READ_BYTES:
-                        raise too_large(self._url(key))
+                    data = bytearray()
+                    # Read to the end (the empty read is where botocore checks the length it was promised),
+                    # but never more than one byte past the cap.
+                    while chunk := body.read(min(1 << 20, MAX_READ_BYTES + 1 - len(data))):
+                        data += chunk
+                        if len(data) > MAX_READ_BYTES:
+                            raise too_large(self._url(key))
                 except (errors.HTTPClientError, errors.IncompleteReadError):
                     # The body broke off (cut short, connection reset, read timeout): botocore cannot retry
                     # a body it already handed over, so the request is sent again (module rule 6).
                     if attempt == _BODY_ATTEMPTS:
                         raise
                 else:
-                    return data
+                    return bytes(data)
                 finally:
                     body.close()
         raise AssertionError("unreachable: the last failed attempt raises")
