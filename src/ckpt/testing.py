@@ -22,10 +22,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ckpt.application.checkpoint_store import CheckpointStore
-from ckpt.domain.errors import CredentialsError, InvalidError, MalformedError, StorageError
+from ckpt.domain.arguments import require_str
+from ckpt.domain.errors import CredentialsError, InvalidError, MalformedError
 from ckpt.domain.locator import Locator
-from ckpt.domain.ports import FileInfo, SaveKind, SaveRemoval
+from ckpt.domain.ports import FileInfo, SaveRemoval
 from ckpt.domain.prune import SKIP_ALREADY_GONE
+from ckpt.domain.saves import SaveKind, too_large
 
 if TYPE_CHECKING:
     from ckpt.creds.model import Credentials
@@ -39,7 +41,8 @@ class _MemoryTree:
     Paths are relative to the root; ``blobs`` maps a file's path to its content.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, root: str) -> None:
+        self.root = root  # for messages
         self.lock = threading.RLock()
         self.pub: set[str] = set()
         self.pub_dirs: set[str] = set()  # names in pub/ that are folders (malformed; for tests)
@@ -88,7 +91,7 @@ class _MemoryTree:
         with self.lock:
             data = self.blobs.get(f"{save}/{name}")
         if data is not None and len(data) > limit:
-            raise StorageError(f"file {name!r} in {save} is over {limit} bytes", location=f"{save}/{name}")
+            raise too_large(f"{self.root}/{save}/{name}", len(data))
         return data
 
     def is_file(self, save: str, name: str) -> bool:
@@ -124,10 +127,10 @@ class InMemoryStore(CheckpointStore):
     __slots__ = ("_memory",)
 
     def __init__(self, name: str = "root") -> None:
-        if not isinstance(name, str) or not name or "/" in name:
+        if not require_str(name, "in-memory root name") or "/" in name:
             raise InvalidError(f"in-memory root name {name!r} must be one non-empty path element")
-        self._memory = _MemoryTree()
-        locator = Locator(f"memory://{name}", scheme="memory://", form="a memory:// location")
+        self._memory = _MemoryTree(f"memory://{name}")
+        locator = Locator(self._memory.root, scheme="memory://", form="a memory:// location")
         super().__init__(self._memory, self._memory, locator)
 
     # -- building trees in tests -----------------------------------------------------------------------

@@ -7,10 +7,12 @@ A store technology provides a :class:`~ckpt.domain.ports.PublicationLog`, a
 
 Rules this module keeps:
 
+0. Every public method checks its arguments' types first (``ckpt.domain.arguments``): a wrong type is
+   ``InvalidTypeError`` on every store.
 1. Publish validates everything before touching storage: the location is under the root and names a valid
-   save, the entry name fits. Then the save must be a folder (``NotFoundError`` when missing,
-   ``InvalidError`` when it is something else), and the entry is created exclusively
-   (``ExistsError`` carrying the entry when it is already there).
+   save, the entry name fits. Then the save must be a folder (``ckpt.domain.saves.check_save_kind``:
+   ``SaveNotFoundError`` when missing, ``InvalidError`` when it is something else), and the entry is
+   created exclusively (``ExistsError`` carrying the entry when it is already there).
 2. ``resolve`` is a pure read of the names: when the log offers its names in chunks
    (:class:`~ckpt.domain.ports.ScansNameChunks`) no whole listing is held (benchmarks/README.md); any
    oddity falls back to the plain listing, which reports it exactly as ``entries`` does.
@@ -19,20 +21,20 @@ Rules this module keeps:
    entries again, re-check the folders against them (``recheck_folders``), remove what is still to go in
    one batch, report the skips, and drop the journals. A failure after the journal is written leaves it,
    and the next prune finishes the job (docs/adr/0004-prune-safety.md).
-4. The watcher's reads take locations under the root only; the markers are regular files, read with a
-   size cap (:data:`MAX_MARKER_BYTES`). A store whose tree must sync a save before it is published
-   (:class:`~ckpt.domain.ports.SyncsSaves`) is a :class:`SyncingCheckpointStore`, which the watcher
-   recognises by that same protocol.
+4. The watcher's reads take locations under the root only and file names that stay inside the save
+   (``ckpt.domain.saves``); the markers are regular files, read with a size cap (``MAX_READ_BYTES``).
+   ``sync_save`` checks the location and, when the tree can sync (:class:`~ckpt.domain.ports.SyncsSaves`:
+   POSIX), makes the save durable; elsewhere an acknowledged write is durable already.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import closing
-from typing import Protocol
 
-from ckpt.domain.entries import Entry, save_error
-from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError, StorageError
+from ckpt.domain.arguments import require_bool, require_instance, require_int
+from ckpt.domain.entries import PUB_DIR_NAME, Entry
+from ckpt.domain.errors import ExistsError, MalformedError, StorageError
 from ckpt.domain.journal import format_journal, parse_journal
 from ckpt.domain.locator import Locator
 from ckpt.domain.names import LatestEntryScan, format_entry_name, latest_entry_name, parse_entry_names
@@ -42,29 +44,22 @@ from ckpt.domain.ports import (
     PruneJournal,
     PruneResult,
     PublicationLog,
-    SaveKind,
     SaveTree,
     ScansNameChunks,
     SkippedFolder,
     SyncsSaves,
 )
 from ckpt.domain.prune import leftover_folders, plan_prune, recheck_folders
+from ckpt.domain.saves import MAX_READ_BYTES, check_save_kind, validate_file_name
 
-
-class SyncingSaveTree(SaveTree, SyncsSaves, Protocol):
-    """A save tree that can also sync a save."""
-
-__all__ = ["MAX_MARKER_BYTES", "CheckpointStore", "SyncingCheckpointStore"]
-
-#: The largest marker file the watcher and verified resolve read (a Trainer's state with a long history).
-MAX_MARKER_BYTES = 64 << 20
+__all__ = ["CheckpointStore"]
 _MAX_REFUSED_IN_MESSAGE = 10
 
 
 class CheckpointStore:
     """A checkpoint root: the public ``WatchStore``, over one store's small ports."""
 
-    __slots__ = ("_chunks", "_journal", "_locator", "_log", "_tree")
+    __slots__ = ("_chunks", "_journal", "_locator", "_log", "_syncs", "_tree")
 
     def __init__(
         self,
@@ -77,8 +72,9 @@ class CheckpointStore:
         self._tree = tree
         self._locator = locator
         self._journal = journal
-        # Rule 2: decided once; an isinstance check on a runtime protocol is not free.
+        # Decided once (an isinstance check on a runtime protocol is not free): rule 2 and rule 4.
         self._chunks = log if isinstance(log, ScansNameChunks) else None
+        self._syncs = tree if isinstance(tree, SyncsSaves) else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.root!r})"
@@ -92,7 +88,7 @@ class CheckpointStore:
 
     def location(self, entry: Entry) -> str:
         """Return where the save ``entry`` names lives, in the store's own form."""
-        return self._locator.location(entry.save)
+        return self._locator.location(require_instance(entry, Entry, "entry").save)
 
     def exec_dir(self, attempt: str) -> str:
         """Return the location of ``<root>/exec/<attempt>``; ``InvalidError`` for a bad attempt."""
@@ -106,17 +102,15 @@ class CheckpointStore:
 
     def publish(self, epoch: int, step: int, save_location: str) -> Entry:
         """Publish the save at ``save_location`` as of ``epoch`` and ``step`` (rule 1)."""
+        require_int(epoch, "epoch")
+        require_int(step, "step")
         entry = Entry(epoch, step, self._locator.save_of(save_location))
         name = format_entry_name(entry)  # InvalidError for a save too long, before any request
-        where = self._locator.location(entry.save)
-        kind = self._tree.kind(entry.save)
-        if kind is SaveKind.MISSING:
-            raise NotFoundError(f"save {where} does not exist", location=where)
-        if kind is not SaveKind.FOLDER:
-            raise InvalidError(f"save {where} is not a directory")
+        check_save_kind(self._tree.kind(entry.save), self._locator.location(entry.save))
         if not self._log.create(name):
+            where = f"{self._locator.base}{PUB_DIR_NAME}/{name}"
             raise ExistsError(
-                f"already published: epoch {epoch} step {step} save {entry.save} ({name})", entry=entry
+                f"already published: epoch {epoch} step {step} save {entry.save} ({where})", entry=entry
             )
         return entry
 
@@ -143,6 +137,8 @@ class CheckpointStore:
 
     def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
         """Remove all but the ``keep`` greatest entries, then the folders only they named (rule 3)."""
+        require_int(keep, "keep")
+        require_bool(dry_run, "dry_run")
         plan = plan_prune(self.entries(), keep)
         journals = self._journal.read_journals() if self._journal is not None else []
         left = leftover_folders(plan, (f for name, data in journals for f in parse_journal(name, data)))
@@ -192,46 +188,29 @@ class CheckpointStore:
         base = base.rstrip("/")
         return [Folder(name, f"{base}/{name}") for name in names or ()]
 
-    def _inside(self, save_location: str, name: str) -> str:
-        """Return the save path of ``save_location``; ``InvalidError`` unless ``name`` is a path in it."""
+    def _file_of(self, save_location: str, name: str) -> str:
+        """Return the save path of ``save_location`` once ``name`` is known to be a clean path inside it."""
         save = self._locator.save_of(save_location)
-        reason = save_error(f"{save}/{name}") if isinstance(name, str) else "is not a string"
-        if reason is not None:
-            raise InvalidError(f"file name {name!r} is not a clean path inside the save {save_location}")
+        validate_file_name(name)
         return save
 
     def read_file(self, save_location: str, name: str) -> bytes | None:
         """Return the content of the regular file ``name`` inside the save, or ``None`` when there is none."""
-        return self._tree.read_file(self._inside(save_location, name), name, MAX_MARKER_BYTES)
+        return self._tree.read_file(self._file_of(save_location, name), name, MAX_READ_BYTES)
 
     def exists(self, save_location: str, name: str) -> bool:
         """Return True when ``name`` inside the save is a regular file."""
-        return self._tree.is_file(self._inside(save_location, name), name)
+        return self._tree.is_file(self._file_of(save_location, name), name)
 
     def files(self, save_location: str) -> list[FileInfo]:
         """Return every file inside the save, recursively, sorted by path."""
         return self._tree.files(self._locator.save_of(save_location))
 
-
-class SyncingCheckpointStore(CheckpointStore):
-    """A ``CheckpointStore`` whose saves must be synced before they are published (POSIX): it also offers
-    the :class:`~ckpt.domain.ports.SyncsSaves` capability, taking a save's location."""
-
-    __slots__ = ("_syncs",)
-
-    def __init__(
-        self,
-        log: PublicationLog,
-        tree: SyncingSaveTree,
-        locator: Locator,
-        journal: PruneJournal | None = None,
-    ) -> None:
-        super().__init__(log, tree, locator, journal)
-        self._syncs = tree
-
     def sync_save(self, save_location: str) -> None:
-        """Make the content of the save at ``save_location`` durable (the watcher calls it before publish)."""
-        self._syncs.sync_save(self._locator.save_of(save_location))
+        """Make the save's content durable before it is published, where the storage needs that (rule 4)."""
+        save = self._locator.save_of(save_location)
+        if self._syncs is not None:
+            self._syncs.sync_save(save)
 
 
 def _refused_text(refused: Sequence[tuple[str, str]]) -> str:

@@ -4,8 +4,8 @@ Rules this module keeps (docs/adr/0008-watcher.md says why):
 
 1. A scan lists the saves folder once (``folders``), keeps the names that are saves under the framework's
    rule, and looks, in step order, at those this watcher has not published yet. A complete save is synced
-   (when the store offers the ``SyncsSaves`` capability: POSIX) and then published; an incomplete one is
-   passed over and looked at again next scan.
+   (``sync_save``: POSIX fsyncs it, other stores only check the location) and then published; an incomplete
+   one is passed over and looked at again next scan.
 2. Published saves are never read again. The watcher keeps their locations in memory; a new watcher learns
    them by reading ``entries()`` once, in its first scan, keeping the entries of its own epoch. So a scan
    over any number of already-published saves with nothing new costs one ``folders`` listing. An
@@ -39,7 +39,7 @@ import attrs
 
 from ckpt.application.verify import read_markers, read_rank_states
 from ckpt.domain.entries import MAX_U64, Entry
-from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, ScanTimeoutError
+from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
 from ckpt.domain.frameworks import (
     Framework,
     Listing,
@@ -50,7 +50,7 @@ from ckpt.domain.frameworks import (
     rank_files,
     save_folders,
 )
-from ckpt.domain.ports import SyncsSaves, WatchStore
+from ckpt.domain.ports import WatchStore
 
 __all__ = ["Watcher"]
 
@@ -214,12 +214,11 @@ class Watcher:
         if self._spent:
             raise ScanTimeoutError("this watcher's scan timed out; it publishes nothing more")
         try:
-            if isinstance(self.store, SyncsSaves):
-                self.store.sync_save(location)
+            self.store.sync_save(location)  # POSIX fsyncs the save; elsewhere only the location is checked
             entry = self.store.publish(self.epoch, step, location)
         except ExistsError:
             return True
-        except NotFoundError:
+        except (NotFoundError, SaveNotFoundError):
             # Deleted between the check and now (e.g. the Trainer's save_total_limit). If the root itself
             # is gone, the next listing says so and ends the watch.
             _log.warning("save vanished before it could be published: %s", location)

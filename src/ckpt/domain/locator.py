@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import attrs
 
+from ckpt.domain.arguments import require_str
 from ckpt.domain.entries import exec_save_prefix, validate_save
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.redaction import redact_url
@@ -57,8 +58,9 @@ class Locator:
 
     def save_of(self, location: str) -> str:
         """Return the save path a location names, or raise ``InvalidError`` saying why not (rule 2)."""
-        shown = redact_url(location, keep_user=False) if isinstance(location, str) else location
-        if not isinstance(location, str) or not location.startswith(self.scheme):
+        require_str(location, "save location")
+        shown = redact_url(location, keep_user=False)
+        if not location.startswith(self.scheme):
             raise InvalidError(f"save location {shown!r} is not {self.form} under the root {self.root}")
         base = self.base
         candidate = location[:-1] if location.endswith("/") and location != base else location

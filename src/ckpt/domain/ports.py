@@ -18,13 +18,13 @@ relative to the root (``exec/a/ck-1``; ``""`` is the root itself where a folder 
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Generator, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
 
 from ckpt.domain.entries import Entry
+from ckpt.domain.saves import SaveKind
 
 __all__ = [
     "ExclusiveCreateProbe",
@@ -34,7 +34,6 @@ __all__ = [
     "PruneJournal",
     "PruneResult",
     "PublicationLog",
-    "SaveKind",
     "SaveReader",
     "SaveRemoval",
     "SaveTree",
@@ -92,10 +91,11 @@ class Store(Protocol):
     def publish(self, epoch: int, step: int, save_location: str) -> Entry:
         """Publish the save at ``save_location`` (a location under the root) as of ``epoch`` and ``step``.
 
-        The save must exist. Creates the entry exclusively; when this returns, the entry is durable.
-        Raises ``ExistsError`` (carrying the entry, untouched) when it is already published,
-        ``InvalidError`` for a location outside the root or an invalid save, ``NotFoundError`` when the save
-        does not exist, ``StorageError`` when the storage fails.
+        The save must exist and be a folder (``ckpt.domain.saves``). Creates the entry exclusively; when this
+        returns, the entry is durable. Raises ``ExistsError`` (carrying the entry, untouched) when it is
+        already published, ``InvalidError`` for a location outside the root, an invalid save or one that is
+        not a folder, ``SaveNotFoundError`` (an ``InvalidError``) when the save does not exist,
+        ``NotFoundError`` when the root does not, ``StorageError`` when the storage fails.
         """
         ...
 
@@ -129,14 +129,22 @@ class Store(Protocol):
 
 @runtime_checkable
 class SaveReader(Protocol):
-    """Reads the files inside a save, so one framework rule runs on every store."""
+    """Reads the files inside a save, so one framework rule runs on every store.
+
+    ``save_location`` must lie under the root and ``name`` be a clean path inside the save, else
+    ``InvalidError``. A file here is a regular file (``ckpt.domain.saves`` rule 3): a folder, a link or a
+    FIFO of that name is no file.
+    """
 
     def read_file(self, save_location: str, name: str) -> bytes | None:
-        """Return the content of file ``name`` inside the save, or ``None`` when there is none."""
+        """Return the content of file ``name`` inside the save, or ``None`` when there is none.
+
+        At most ``ckpt.domain.saves.MAX_READ_BYTES`` (64 MiB) are read; a larger file is a ``StorageError``.
+        """
         ...
 
     def exists(self, save_location: str, name: str) -> bool:
-        """Return True when file ``name`` is present inside the save."""
+        """Return True when file ``name`` is present inside the save (only "no such file" is absence)."""
         ...
 
     def files(self, save_location: str) -> list[FileInfo]:
@@ -151,20 +159,22 @@ class WatchStore(Store, SaveReader, Protocol):
     def folders(self, location: str) -> list[Folder]:
         """Return the folders directly inside ``location``, in no particular order.
 
-        None when ``location`` does not exist; ``NotFoundError`` when the root does not exist.
+        ``location`` is the root or a location under it (a trailing ``/`` changes nothing), else
+        ``InvalidError``. None when ``location`` does not exist; ``NotFoundError`` when the root does not.
+        """
+        ...
+
+    def sync_save(self, save_location: str) -> None:
+        """Make the save's content durable before it is published, where the storage needs that.
+
+        POSIX fsyncs the save's files and folders; on S3 and in memory an acknowledged write is durable
+        already, so only the location is checked. A location with nothing there is not an error (publish
+        says so); one outside the root is ``InvalidError``.
         """
         ...
 
 
 # -- the small store ports ---------------------------------------------------------------------------------
-
-
-class SaveKind(enum.Enum):
-    """What is stored at a save path."""
-
-    FOLDER = "folder"  # a folder (on S3: at least one object under "<save>/")
-    FILE = "file"  # something that is not a folder (publish refuses it)
-    MISSING = "missing"
 
 
 @attrs.frozen
@@ -230,7 +240,9 @@ class SaveTree(Protocol):
     """The saves' folders and files, addressed by save path (``""`` is the root where a folder is meant)."""
 
     def kind(self, save: str) -> SaveKind:
-        """Return what is at ``save``: a folder, something else, or nothing.
+        """Return what is at ``save``: a folder, a regular file (S3: an object at exactly its key), anything
+        else (a FIFO, a device), or nothing. ``ckpt.domain.saves.check_save_kind`` decides what publish
+        accepts.
 
         A missing root is ``NotFoundError``; any other failure ``StorageError``.
         """
@@ -244,10 +256,10 @@ class SaveTree(Protocol):
         ...
 
     def read_file(self, save: str, name: str, limit: int) -> bytes | None:
-        """Return the content of the regular file ``name`` (slash-separated) inside the save.
+        """Return the content of the regular file ``name`` (a clean slash-separated path) inside the save.
 
-        ``None`` when there is no regular file there; nothing is read through a link. A file larger than
-        ``limit`` bytes is ``StorageError``. Never blocks on a FIFO.
+        ``None`` when there is no regular file there; nothing is read through a link, a FIFO or device is
+        never opened. A file larger than ``limit`` bytes is ``ckpt.domain.saves.too_large``.
         """
         ...
 
@@ -278,7 +290,9 @@ class SyncsSaves(Protocol):
     """Optional capability of a tree: make a save's content durable before it is published (POSIX)."""
 
     def sync_save(self, save: str) -> None:
-        """fsync every regular file and folder of the save, deepest first, then its parent folder."""
+        """fsync every regular file and folder of the save, deepest first, then its parent folder.
+
+        A save that is not there is not an error (publish reports it)."""
         ...
 
 

@@ -21,7 +21,8 @@ from ckpt.adapters.posix.journal import PosixJournal
 from ckpt.adapters.posix.log import PosixLog
 from ckpt.adapters.posix.syscalls import CREATE_FLAGS, PosixRoot, Syscalls
 from ckpt.adapters.posix.tree import PosixTree
-from ckpt.application.checkpoint_store import SyncingCheckpointStore
+from ckpt.application.checkpoint_store import CheckpointStore
+from ckpt.domain.arguments import require_str
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.journal import JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
@@ -31,18 +32,26 @@ __all__ = ["JOURNAL_PREFIX", "PosixStore", "Syscalls"]
 
 
 def _normalized_root(root: str) -> str:
-    """Return the canonical form of an absolute root path; ``InvalidError`` for anything else."""
-    if not isinstance(root, str) or not root.startswith("/"):
+    """Return the canonical form of an absolute root path; ``InvalidError`` for anything else.
+
+    The root is taken as the kernel resolves it: a ``.`` or ``..`` element is refused, never normalised as
+    text (``/a/link/../root`` is not ``/a/root`` when ``link`` is a symbolic link); only repeated and
+    trailing slashes go, as they change nothing.
+    """
+    if not require_str(root, "root").startswith("/"):
         raise InvalidError(f"root {root!r} is not an absolute path")
     if "\x00" in root:
         raise InvalidError(f"root {root!r} contains NUL")
-    normalized = os.path.normpath(root)
-    if normalized.startswith("//"):
-        normalized = "/" + normalized.lstrip("/")
-    return normalized
+    elements = [element for element in root.split("/") if element]
+    if "." in elements or ".." in elements:
+        raise InvalidError(
+            f"root {root!r} has a '.' or '..' path element: give the folder's own path, as the kernel "
+            "would resolve it differently from the text"
+        )
+    return "/" + "/".join(elements)
 
 
-class PosixStore(SyncingCheckpointStore):
+class PosixStore(CheckpointStore):
     """A checkpoint root on a POSIX filesystem: an absolute path to a directory that already exists.
 
     ``syscalls`` replaces the system-call layer (tests fail chosen calls through it).

@@ -2,12 +2,16 @@
 
 Rules:
 
-1. Nothing inside a save is followed through a link: listings report links as files with their own size,
-   marker reads open with ``O_NOFOLLOW|O_NONBLOCK`` (a link is no file; a FIFO reads as empty instead of
-   blocking), and removal goes through :mod:`ckpt.adapters.posix.removal`.
+1. Nothing inside a save is followed through a link: listings report links as files with their own size;
+   what the watcher reads (``folders``, ``read_file``, ``is_file``) is reached from the root by opening
+   every path element with ``O_NOFOLLOW|O_DIRECTORY``, as removal does (:mod:`ckpt.adapters.posix.removal`),
+   so never through a link and never outside the root. Only a regular file is a file
+   (``ckpt.domain.saves``): it is ``lstat``-ed before it is opened, so a FIFO or a device is never opened,
+   and it is read up to the cap.
 2. A missing save or folder is an answer (``MISSING``, ``None``, ``[]``), not an error, unless the root
-   itself is missing (``NotFoundError``). Only ENOENT and ENOTDIR mean "missing"; any other failure is a
-   ``StorageError`` naming the path.
+   itself is missing (``NotFoundError``). Only "no such file" (ENOENT, ENOTDIR where an element is a file)
+   and, under ``O_NOFOLLOW``, "is a link" (ELOOP) mean absent; any other failure is a ``StorageError``
+   naming the path.
 3. ``sync_save`` fsyncs every regular file and folder of a save, deepest first, then the save's parent:
    frameworks rename files into place without syncing, and an entry must never outlive its save's content.
 """
@@ -20,13 +24,16 @@ import stat
 from collections.abc import Sequence
 
 from ckpt.adapters.posix.removal import remove_folder
-from ckpt.adapters.posix.syscalls import READ_FLAGS, PosixRoot, storage_error
+from ckpt.adapters.posix.syscalls import DIR_FLAGS, NOFOLLOW_DIR_FLAGS, READ_FLAGS, PosixRoot, storage_error
 from ckpt.domain.errors import StorageError
-from ckpt.domain.ports import FileInfo, SaveKind, SaveRemoval
+from ckpt.domain.ports import FileInfo, SaveRemoval
+from ckpt.domain.saves import SaveKind, too_large
 
 __all__ = ["PosixTree"]
 
 _MISSING = (FileNotFoundError, NotADirectoryError)
+# What an O_NOFOLLOW walk reads as "nothing there": no such name, an element that is a file, a link.
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 
 
 class PosixTree:
@@ -50,50 +57,88 @@ class PosixTree:
             return SaveKind.MISSING
         except OSError as exc:
             raise storage_error("inspect the save", path, exc) from exc
-        return SaveKind.FOLDER if stat.S_ISDIR(mode) else SaveKind.FILE
+        if stat.S_ISDIR(mode):
+            return SaveKind.FOLDER
+        return SaveKind.FILE if stat.S_ISREG(mode) else SaveKind.OTHER
+
+    def _open_inside(self, elements: list[str], where: str) -> int | None:
+        """Open ``<root>/<elements...>`` as a folder, every element with ``O_NOFOLLOW`` (rule 1).
+
+        ``None`` when an element is missing, a file or a link; ``NotFoundError`` when the root is missing,
+        ``StorageError`` for any other failure, naming ``where``.
+        """
+        at = self._at
+        try:
+            fd = at.sys.open(at.root, DIR_FLAGS)
+        except OSError as exc:
+            raise at.root_error() or storage_error("open the root", at.root, exc) from None
+        for element in elements:
+            try:
+                child = at.sys.open(element, NOFOLLOW_DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                at.close_quietly(fd)
+                if exc.errno in _ABSENT:
+                    return None
+                raise storage_error("open", where, exc) from exc
+            at.close_quietly(fd)
+            fd = child
+        return fd
 
     def folders(self, path: str) -> list[str] | None:
-        """Return the names of the folders directly inside ``path`` (links are not folders)."""
+        """Return the names of the folders directly inside ``path`` (links are not folders; rule 1)."""
         at = self._at
         base = at.path(path)
+        fd = self._open_inside(path.split("/") if path else [], base)
+        if fd is None:
+            return None
         try:
-            with at.sys.scandir(base) as it:
+            with at.sys.scandir(fd) as it:
                 return [d.name for d in it if d.is_dir(follow_symlinks=False)]
-        except FileNotFoundError:
-            error = at.root_error()
-            if error is not None:
-                raise error from None
-            return None
-        except NotADirectoryError:
-            return None
         except OSError as exc:
             raise storage_error("list", base, exc) from exc
+        finally:
+            at.close_quietly(fd)
+
+    def _parent_of(self, save: str, name: str) -> tuple[int, str, str] | None:
+        """Open the folder holding file ``name`` of the save; return it, the file's last element and path."""
+        *folders, last = f"{save}/{name}".split("/")
+        path = self._at.path(f"{save}/{name}")
+        parent = self._open_inside(folders, path)
+        return None if parent is None else (parent, last, path)
 
     def read_file(self, save: str, name: str, limit: int) -> bytes | None:
         """Return the content of the regular file ``name`` in the save, at most ``limit`` bytes (rule 1)."""
         at = self._at
-        path = f"{at.path(save)}/{name}"
-        try:
-            fd = at.sys.open(path, READ_FLAGS)
-        except (*_MISSING, IsADirectoryError):
+        found = self._parent_of(save, name)
+        if found is None:
             return None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return None  # a link: a marker is a regular file, and nothing is read through a link
-            raise storage_error("read", path, exc) from exc
+        parent, last, path = found
+        try:
+            try:
+                if not stat.S_ISREG(at.sys.lstat(last, dir_fd=parent).st_mode):
+                    return None  # a folder, a link, a FIFO, a device: not a file (never opened)
+                fd = at.sys.open(last, READ_FLAGS, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno in _ABSENT:
+                    return None
+                raise storage_error("read", path, exc) from exc
+        finally:
+            at.close_quietly(parent)
         chunks = []
+        total = 0
         try:
-            size = 0
-            while chunk := at.sys.read(fd, 1 << 16):
-                size += len(chunk)
-                if size > limit:
-                    raise StorageError(
-                        f"cannot read {path}: it is larger than {limit} bytes, more than a marker file holds",
-                        location=path,
-                    )
+            st = at.sys.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None  # swapped for something else between the lstat and the open
+            if st.st_size > limit:
+                raise too_large(path, st.st_size)
+            while chunk := at.sys.read(fd, min(1 << 20, limit + 1 - total)):
                 chunks.append(chunk)
-        except IsADirectoryError:
-            return None
+                total += len(chunk)
+                if total > limit:  # it grew while we read
+                    raise too_large(path)
+        except StorageError:
+            raise  # ours already (too large): an OSError too, so it must not be wrapped again
         except OSError as exc:
             raise storage_error("read", path, exc) from exc
         finally:
@@ -101,15 +146,20 @@ class PosixTree:
         return b"".join(chunks)
 
     def is_file(self, save: str, name: str) -> bool:
-        """Return True when ``name`` inside the save is a regular file (a link is not)."""
+        """Return True when ``name`` inside the save is a regular file (a link or a folder is not; rule 1)."""
         at = self._at
-        path = f"{at.path(save)}/{name}"
-        try:
-            mode = at.sys.lstat(path).st_mode
-        except _MISSING:
+        found = self._parent_of(save, name)
+        if found is None:
             return False
+        parent, last, path = found
+        try:
+            mode = at.sys.lstat(last, dir_fd=parent).st_mode
         except OSError as exc:
-            raise storage_error("inspect", path, exc) from exc
+            if exc.errno in _ABSENT:
+                return False
+            raise storage_error("check", path, exc) from exc
+        finally:
+            at.close_quietly(parent)
         return stat.S_ISREG(mode)
 
     def _walk(self, top: str) -> list[tuple[str, list[os.DirEntry[str]]]]:
@@ -162,12 +212,17 @@ class PosixTree:
     def sync_save(self, save: str) -> None:
         """fsync every regular file and folder of the save, deepest first, then its parent (rule 3).
 
-        Links, FIFOs, sockets and devices are neither opened nor followed.
+        Links, FIFOs, sockets and devices are neither opened nor followed. A save that is not there is left
+        to publish to report.
         """
         at = self._at
         base = at.path(save)
         try:
-            for dirpath, others in self._walk(base):
+            try:
+                walked = self._walk(base)
+            except FileNotFoundError:
+                return  # nothing there: publish reports it
+            for dirpath, others in walked:
                 for d in others:
                     if not d.is_file(follow_symlinks=False):
                         continue

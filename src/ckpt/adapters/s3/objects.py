@@ -25,6 +25,7 @@ from ckpt.adapters.s3.errors import (
 )
 from ckpt.domain.errors import StorageError
 from ckpt.domain.s3_root import S3Root
+from ckpt.domain.saves import too_large
 
 __all__ = ["PAGE_SIZE", "Bucket", "CreateOutcome", "S3Client"]
 
@@ -158,7 +159,7 @@ class Bucket:
             self.client.delete_object(Bucket=self.root.bucket, Key=key)
 
     def get(self, key: str, *, action: str, limit: int) -> bytes | None:
-        """Return the object's content, or ``None`` when there is none; over ``limit`` bytes is an error.
+        """Return the object's content, or ``None`` when there is none; over ``limit`` bytes is ``too_large``.
 
         A body that breaks off mid-stream is asked for again (``_BODY_ATTEMPTS`` in all).
         """
@@ -176,18 +177,21 @@ class Bucket:
                 try:
                     size = answer.get("ContentLength")
                     if isinstance(size, int) and size > limit:
-                        raise StorageError(
-                            f"cannot {action} {location}: it is {size} bytes, larger than {limit}",
-                            location=location,
-                        )
-                    data: bytes = body.read()
+                        raise too_large(location, size)
+                    data = bytearray()
+                    # Read to the end (the empty read is where botocore checks the length it was promised),
+                    # but never more than one byte past the cap.
+                    while chunk := body.read(min(1 << 20, limit + 1 - len(data))):
+                        data += chunk
+                        if len(data) > limit:
+                            raise too_large(location)
                 except (errors.HTTPClientError, errors.IncompleteReadError):
                     # The body broke off (cut short, connection reset, read timeout): botocore cannot retry
                     # a body it already handed over, so the request is sent again.
                     if attempt == _BODY_ATTEMPTS:
                         raise
                 else:
-                    return data
+                    return bytes(data)
                 finally:
                     body.close()
         raise AssertionError("unreachable: the last failed attempt raises")

@@ -12,7 +12,9 @@ key under ``PREFIX/`` or at the top of the bucket):
    entries cost ceil(n/1000) requests (at least one). A common prefix inside ``pub/`` is a sub-folder:
    malformed. The zero-byte ``pub/`` marker some consoles create is ``pub/`` itself and is ignored.
 3. A save is a folder when at least one object's key starts with ``<save>/`` (one ``ListObjectsV2``,
-   ``MaxKeys=1``). Keys ending in ``/`` are folder markers, not files.
+   ``MaxKeys=1``); when there is none, one ``HeadObject`` of ``<save>`` tells a file (not a save) from
+   nothing. A file inside a save is the object at exactly its key: objects under ``name/`` make a folder.
+   Keys ending in ``/`` are folder markers, not files.
 4. Removing entries and folders uses quiet ``DeleteObjects``, 1000 keys a request. Keys S3 refuses are never
    hidden: refused entries raise ``StorageError`` listing them (they are still published, so they still
    protect their folders); refused objects of a folder are reported in its outcome while the other folders
@@ -35,9 +37,10 @@ from ckpt.domain.entries import PUB_DIR_NAME
 from ckpt.domain.errors import MalformedError, StorageError
 from ckpt.domain.journal import JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
-from ckpt.domain.ports import ExclusiveCreateProbe, FileInfo, SaveKind, SaveRemoval
+from ckpt.domain.ports import ExclusiveCreateProbe, FileInfo, SaveRemoval
 from ckpt.domain.prune import SKIP_ALREADY_GONE
 from ckpt.domain.s3_root import parse_s3_root
+from ckpt.domain.saves import SaveKind
 
 __all__ = ["ExclusiveCreateProbe", "S3Journal", "S3Log", "S3Store", "S3Tree"]
 
@@ -113,9 +116,11 @@ class S3Tree:
         self._bucket = bucket
 
     def kind(self, save: str) -> SaveKind:
-        """FOLDER when an object lies under ``<save>/``, else MISSING (rule 3)."""
-        found = self._bucket.any_object_under(self._bucket.key(save) + "/", action="check the save")
-        return SaveKind.FOLDER if found else SaveKind.MISSING
+        """FOLDER when an object lies under ``<save>/``, else FILE or MISSING by one HeadObject (rule 3)."""
+        key = self._bucket.key(save)
+        if self._bucket.any_object_under(key + "/", action="check the save"):
+            return SaveKind.FOLDER
+        return SaveKind.FILE if self._bucket.head(key, action="check the save") else SaveKind.MISSING
 
     def folders(self, path: str) -> list[str] | None:
         """Return the common prefixes directly under ``path`` (the root when ``""``)."""
