@@ -12,8 +12,10 @@ The venv is reused while pyproject.toml is unchanged (a stamp file records what 
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -41,8 +43,15 @@ def ensure_venv(extras: str = "") -> None:
         print(f"creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     target = f".[{extras}]" if extras else "."
-    pip = [os.path.join(BIN, "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    if _run(*pip, "-e", target) != 0:
+    pip = [os.path.join(BIN, "python"), "-m", "pip", "--disable-pip-version-check"]
+    # Until 0.1.0 the distribution was called "ckpt" (a name that belongs to another project on the package
+    # index). A venv made then still holds it, and it owns the same package and `ckpt` script; its egg-info
+    # in src/ is found on the editable path too. Remove both before installing ckpt-log, so that exactly
+    # one distribution provides them.
+    if glob.glob(os.path.join(VENV, "lib", "python*", "site-packages", "ckpt-*.dist-info")):
+        _run(*pip, "uninstall", "--yes", "--quiet", "ckpt")
+    shutil.rmtree(os.path.join(HERE, "src", "ckpt.egg-info"), ignore_errors=True)
+    if _run(*pip, "install", "--quiet", "-e", target) != 0:
         sys.exit("installing ckpt into .venv failed")
     open(stamp, "w").close()
 
