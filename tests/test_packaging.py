@@ -19,9 +19,7 @@ DISTRIBUTION = "ckpt-log"
 
 # `pip install [options] REQUIREMENT...` as written in prose, code blocks and messages; the requirement is
 # everything up to the next quote-free whitespace, backtick or closing parenthesis.
-_PIP_INSTALL = re.compile(
-    r"pip3? install(?:\s+-{1,2}[\w-]+)*\s+(?P<requirement>'[^']*'|\"[^\"]*\"|[^\s`)]+)"
-)
+_PIP_INSTALL = re.compile(r"pip3? install(?:\s+-{1,2}[\w-]+)*\s+(?P<requirement>'[^']*'|\"[^\"]*\"|[^\s`)]+)")
 
 
 def _install_lines() -> list[tuple[str, str]]:
