@@ -108,6 +108,7 @@ class TestFuzzReport:
         dev = _dev()
         findings = dev.fuzz_findings(str(report))
         assert [test for test, _ in findings] == ["test_probe::test_small"]
+        assert dev.fuzz_finished(str(report)) == 1
         text = dev.fuzz_report(findings, done.returncode)
         assert "FUZZ FINDINGS: 1 property(ies) failed" in text
         assert "--- test_probe::test_small" in text
