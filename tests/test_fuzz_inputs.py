@@ -3,7 +3,7 @@
 
 Every property here carries the ``fuzz`` marker: ``python3 dev.py test`` runs it derandomized with a
 moderate count (the same examples every time), ``python3 dev.py fuzz`` with random seeds and 10,000
-examples (tests/support/fuzzing.py, docs/adr/0009-deterministic-tests-and-fuzzing.md). Inputs that once
+examples (tests/support/fuzzing.py, docs/adr/0013-deterministic-tests-and-fuzzing.md). Inputs that once
 failed are kept as explicit ``@example``s. The contract: no exception other than our documented error types,
 and any accepted value is canonical (re-parsing what we produce gives the same value).
 """
