@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ckpt.application.checkpoint_store import CheckpointStore
 from ckpt.domain.arguments import require_str
+from ckpt.domain.entries import PUB_DIR_NAME
 from ckpt.domain.errors import CredentialsError, InvalidError, MalformedError
 from ckpt.domain.locator import Locator
 from ckpt.domain.ports import FileInfo, SaveRemoval
@@ -82,9 +83,13 @@ class _MemoryTree:
     def folders(self, path: str) -> list[str] | None:
         inside = path + "/" if path else ""
         with self.lock:
+            if path == PUB_DIR_NAME:
+                return sorted(self.pub_dirs)
             if path and path not in self.dirs:
                 return None
             names = {d[len(inside) :] for d in self.dirs if d.startswith(inside)}
+            if not path and (self.pub or self.pub_dirs):
+                names.add(PUB_DIR_NAME)  # pub/ is a folder of the root, as on the real stores
         return sorted(name for name in names if "/" not in name)
 
     def read_file(self, save: str, name: str, limit: int) -> bytes | None:

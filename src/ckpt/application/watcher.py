@@ -4,8 +4,9 @@ Rules this module keeps (docs/adr/0008-watcher.md says why):
 
 1. A scan lists the saves folder once (``folders``), keeps the names that are saves under the framework's
    rule, and looks, in step order, at those this watcher has not published yet. A complete save is synced
-   (``sync_save``: POSIX fsyncs it, other stores only check the location) and then published; an incomplete
-   one is passed over and looked at again next scan.
+   (``sync_save``, found through the ``SyncsSaves`` protocol: POSIX fsyncs it, our other stores only check
+   the location, an embedder's store may have none) and then published; an incomplete one is passed over
+   and looked at again next scan.
 2. Published saves are never read again. The watcher keeps their locations in memory; a new watcher learns
    them by reading ``entries()`` once, in its first scan, keeping the entries of its own epoch. So a scan
    over any number of already-published saves with nothing new costs one ``folders`` listing. An
@@ -50,7 +51,7 @@ from ckpt.domain.frameworks import (
     rank_files,
     save_folders,
 )
-from ckpt.domain.ports import WatchStore
+from ckpt.domain.ports import SyncsSaves, WatchStore
 
 __all__ = ["Watcher"]
 
@@ -214,7 +215,8 @@ class Watcher:
         if self._spent:
             raise ScanTimeoutError("this watcher's scan timed out; it publishes nothing more")
         try:
-            self.store.sync_save(location)  # POSIX fsyncs the save; elsewhere only the location is checked
+            if isinstance(self.store, SyncsSaves):  # every store of ours; an embedder's may have none
+                self.store.sync_save(location)
             entry = self.store.publish(self.epoch, step, location)
         except ExistsError:
             return True
