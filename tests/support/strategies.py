@@ -22,9 +22,11 @@ Path = tuple[str | int, ...]
 
 # SPEC §9, written out here independently of src/ckpt/config.py and src/ckpt/creds/config.py.
 TOP_KEYS = ("root", "s3", "proxy", "credentials")
-S3_STRINGS = ("endpoint_url", "region", "ca_bundle")
+S3_STRINGS = ("region", "ca_bundle")
+# Seconds in [s3] are finite and at most this many (about 115 days): anything longer cannot be waited for.
+MAX_SECONDS = 10_000_000
 S3_NUMBERS = ("connect_timeout", "read_timeout", "refresh_seconds", "max_staleness_seconds")
-S3_KEYS = (*S3_STRINGS, "addressing_style", *S3_NUMBERS, "max_attempts")
+S3_KEYS = ("endpoint_url", *S3_STRINGS, "addressing_style", *S3_NUMBERS, "max_attempts")
 PROXY_KEYS = ("http_proxy", "https_proxy", "no_proxy")
 ENV_VARS = ("access_key_id_var", "secret_access_key_var", "session_token_var")
 SOURCE_KEYS = {
@@ -73,7 +75,15 @@ def key_path(path: Path) -> str:
 
 # Hostile but acceptable strings: any non-empty text (controls, NUL, other scripts, TOML's own syntax).
 _TEXT = st.text(min_size=1, max_size=16)
-_POSITIVE = st.one_of(st.integers(1, 10**9), st.floats(min_value=1e-6, max_value=1e9))
+_POSITIVE = st.one_of(st.integers(1, MAX_SECONDS), st.floats(min_value=1e-6, max_value=MAX_SECONDS))
+# Endpoints an S3 client can use: http(s), a host, an optional port and path.
+_ENDPOINTS = st.sampled_from(
+    ["https://objects.example.internal:9000", "http://127.0.0.1:9000", "https://s3.example", "http://h/gw/s3"]
+)
+# Endpoints refused at load: no usable scheme, no host, a port out of range, user-info, a query.
+_BAD_ENDPOINTS = st.sampled_from(
+    ["", "0", "ftp://objects.example", "https://", "http://h:99999", "http://h:0", "https://u:p@h", "http://h/?q=1"]
+)
 _VAR_NAMES = _TEXT.filter(lambda t: "=" not in t and "\0" not in t)
 _SECRET_PATHS = _TEXT.filter(lambda t: bool(t.strip("/")))
 _PROXY_URLS = st.sampled_from(
@@ -86,6 +96,7 @@ _NO_PROXY = st.sampled_from(
 
 def _s3() -> st.SearchStrategy[dict[str, Any]]:
     optional: dict[str, st.SearchStrategy[Any]] = dict.fromkeys(S3_STRINGS, _TEXT)
+    optional["endpoint_url"] = _ENDPOINTS
     optional |= dict.fromkeys(S3_NUMBERS, _POSITIVE)
     optional |= {
         "addressing_style": st.sampled_from(CHOICES["addressing_style"]),
@@ -286,9 +297,11 @@ def _refusable(document: dict[str, Any], draw: st.DrawFn) -> list[tuple[Path, An
         path = ("s3", key)
         if key in S3_STRINGS:
             refuse(path, "")
+        elif key == "endpoint_url":
+            refuse(path, draw(_BAD_ENDPOINTS))
         elif key in S3_NUMBERS:
-            # NaN is not drawn: it is not greater than 0, yet config.py accepts it today (reported, issue 9).
-            refuse(path, draw(st.sampled_from([0, -1, -0.5, -1e9, 0.0])))
+            bad = [0, -1, -0.5, -1e9, 0.0, math.nan, math.inf, -math.inf, 1e300, MAX_SECONDS + 1]
+            refuse(path, draw(st.sampled_from(bad)))
         elif key == "max_attempts":
             refuse(path, draw(st.sampled_from([0, -3])))
         elif key == "addressing_style":
@@ -356,7 +369,10 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        assert math.isfinite(value)
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
         return repr(value)
     if isinstance(value, datetime.date):
         return value.isoformat()
