@@ -3,7 +3,7 @@
 The oracles here are written independently of ``ckpt``: the standard library's ``base64`` for the wire format,
 and naive element-wise loops for saves, overlap and pruning.
 
-The bulk parsers (``parse_entry_names``, ``latest_entry_name``, ``LatestEntryScan``) are held to the
+The bulk parsers (``parse_entry_names``, ``latest_entry_of_names``, ``LatestEntryScan``) are held to the
 reference parser ``parse_entry_name`` on arbitrary listings (:class:`TestBulkAgreesWithReference`). That is
 what lets the bulk path be optimised safely, so the strategies aim at what a joined-listing, row-decoding
 implementation gets wrong: names with exactly one defect (a number past 2**64 - 1, a save broken in one
@@ -39,7 +39,7 @@ from ckpt.domain.errors import InvalidError, MalformedError
 from ckpt.domain.names import (
     LatestEntryScan,
     format_entry_name,
-    latest_entry_name,
+    latest_entry_of_names,
     parse_entry_name,
     parse_entry_names,
 )
@@ -394,7 +394,7 @@ def reference_entries(names: Sequence[str]) -> Outcome:
 
 
 def latest_of(expected: Outcome) -> Outcome:
-    """What ``latest_entry_name`` must answer, given what ``parse_entry_names`` must answer."""
+    """What ``latest_entry_of_names`` must answer, given what ``parse_entry_names`` must answer."""
     kind, value = expected
     if kind == "malformed":
         return expected
@@ -415,7 +415,7 @@ def assert_bulk_agrees(names: list[str]) -> None:
     """Both bulk parsers give the reference's entries, or raise naming the reference's first bad name."""
     expected = reference_entries(names)
     assert outcome(lambda: parse_entry_names(names)) == expected
-    assert outcome(lambda: latest_entry_name(names)) == latest_of(expected)
+    assert outcome(lambda: latest_entry_of_names(names)) == latest_of(expected)
     assert outcome(lambda: scan_latest(names, [len(names) // 2])) == latest_of(expected)
 
 
@@ -433,7 +433,7 @@ class TestRoundTrip:
         assert name == oracle_name(entry.epoch, entry.step, entry.save)
         assert parse_entry_name(name) == entry
         assert parse_entry_names([name]) == [entry]
-        assert latest_entry_name([name]) == entry
+        assert latest_entry_of_names([name]) == entry
 
     @given(save=longest_saves)
     def test_longest_save_fills_the_name(self, save: str) -> None:
@@ -562,7 +562,7 @@ class TestBulkAgreesWithReference:
             else:
                 expected = ("ok", sorted([*listing, parse_entry_name(bad)], key=lambda e: e.key))
         assert outcome(lambda: parse_entry_names(names)) == expected
-        assert outcome(lambda: latest_entry_name(names)) == latest_of(expected)
+        assert outcome(lambda: latest_entry_of_names(names)) == latest_of(expected)
         assert outcome(lambda: scan_latest(names, [len(names) // 3, len(names) // 2])) == latest_of(expected)
 
     @given(names=mixed_listings(), cuts=st.lists(st.integers(0, 40), max_size=4))
@@ -604,7 +604,7 @@ class TestOrder:
         assert Counter(ordered) == Counter(listing)
         assert all(x <= y for x, y in itertools.pairwise(ordered))
         names = [format_entry_name(e) for e in listing]
-        assert latest_entry_name(names) == (ordered[-1] if ordered else None)
+        assert latest_entry_of_names(names) == (ordered[-1] if ordered else None)
 
 
 class TestOverlap:
@@ -717,7 +717,7 @@ class TestFuzz:
             assert isinstance(parsed, list)
             assert sorted(format_entry_name(e) for e in parsed) == sorted(texts)
         assert (kind, parsed) == reference_entries(texts)
-        assert outcome(lambda: latest_entry_name(texts)) == latest_of((kind, parsed))
+        assert outcome(lambda: latest_entry_of_names(texts)) == latest_of((kind, parsed))
 
     @settings(max_examples=10_000, deadline=None)
     @given(text=fuzz_text)
