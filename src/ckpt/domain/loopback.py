@@ -1,7 +1,7 @@
 """The one loopback check: whether a host name or address never leaves the machine.
 
-Two rules rely on it and must agree: the proxy rule never proxies such a host (SPEC §7,
-docs/spec/proxy.md), and the Vault source accepts plain ``http://`` to it (docs/spec/credentials.md).
+Two rules rely on it and must agree: the proxy rule never proxies such a host (spec/proxy.md §5.3), and
+the Vault source accepts plain ``http://`` to it (spec/credentials.md §5.4).
 Nothing else here; pure (``ipaddress`` only).
 """
 

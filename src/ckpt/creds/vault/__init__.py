@@ -1,4 +1,4 @@
-"""The ``vault`` credential source (docs/spec/credentials.md §5), in four modules:
+"""The ``vault`` credential source (spec/credentials.md §5), in four modules:
 
 * :mod:`ckpt.creds.vault.auth`: the auth methods (Kubernetes, AppRole) and the login each makes;
 * :mod:`ckpt.creds.vault.token`: the token's lifetime (reuse, renew, log in again);

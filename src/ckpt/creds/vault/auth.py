@@ -1,4 +1,4 @@
-"""Vault auth methods: the settings of each login and the request it makes (docs/spec/credentials.md §5.2).
+"""Vault auth methods: the settings of each login and the request it makes (spec/credentials.md §5.2).
 
 A login sends no ``X-Vault-Token`` (the caller clears the client's token first), and the secrets it needs
 from files (the Kubernetes JWT, the AppRole ids) are read again at every login, because they rotate. A new

@@ -3,7 +3,7 @@
 The new error is built from a fixed table (a phrase per HTTP status, a phrase per transport failure) and
 raised outside the ``except`` block: the response body, which Vault may fill with the very secret it
 rejected, and the library's message, which carries the full URL, are dropped, and the library exception
-is not attached as the new error's context either (docs/spec/credentials.md §5.4).
+is not attached as the new error's context either (spec/credentials.md §5.4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``vault`` credential source: a KV v2 secret read through ``hvac`` (docs/spec/credentials.md §5).
+"""The ``vault`` credential source: a KV v2 secret read through ``hvac`` (spec/credentials.md §5).
 
 The auth methods are in :mod:`ckpt.creds.vault.auth`, the token's lifetime in :mod:`ckpt.creds.vault.token`
 and the translation of failures in :mod:`ckpt.creds.vault.failures`; this module holds the source itself
@@ -107,7 +107,8 @@ class VaultSource:
     """S3 credentials in a Vault KV v2 secret; see the module rules.
 
     ``proxy_for(url)`` returns the proxy URL for a target URL, or ``None`` for a direct connection (the
-    project's proxy rule, SPEC §7; ``None``: always direct). ``clock`` is monotonic seconds; tests inject one.
+    project's proxy rule, spec/proxy.md; ``None``: always direct). ``clock`` is monotonic seconds; tests
+    inject one.
     """
 
     address: str = attrs.field(converter=_strip_slash)

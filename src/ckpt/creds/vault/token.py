@@ -1,4 +1,4 @@
-"""A Vault token's lifetime: when to reuse, renew or replace it (docs/spec/credentials.md §5.3).
+"""A Vault token's lifetime: when to reuse, renew or replace it (spec/credentials.md §5.3).
 
 Pure decisions on values; the source (:mod:`ckpt.creds.vault.source`) makes the calls they ask for. Times
 are seconds on the source's monotonic clock.

@@ -1,4 +1,4 @@
-"""The proxy rule (docs/spec/proxy.md): which proxy, if any, carries a request to a given URL.
+"""The proxy rule (spec/proxy.md): which proxy, if any, carries a request to a given URL.
 
 Three modules, one reason to change each:
 

@@ -1,4 +1,4 @@
-"""``NO_PROXY`` for the proxy rule: parsing the list and matching a target against it (docs/spec/proxy.md §6).
+"""``NO_PROXY`` for the proxy rule: parsing the list and matching a target against it (spec/proxy.md §6).
 
 Parsing never raises: a malformed entry never matches, and :attr:`NoProxy.ignored` keeps it, as written,
 for the shell to warn about (§6.4). Domain entries never match an IP target, which is the

@@ -1,4 +1,4 @@
-"""The proxy rule itself: which proxy, if any, carries a request to a URL (docs/spec/proxy.md).
+"""The proxy rule itself: which proxy, if any, carries a request to a URL (spec/proxy.md).
 
 :class:`ProxyRule` is one pure value deciding for both HTTP clients (botocore for S3, ``requests`` for
 Vault); :mod:`ckpt.adapters.proxy` only carries its answer to them. It reads its settings from a mapping

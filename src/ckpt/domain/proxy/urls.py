@@ -1,4 +1,4 @@
-"""Parsing for the proxy rule: proxy values and target URLs (docs/spec/proxy.md §2 and §5).
+"""Parsing for the proxy rule: proxy values and target URLs (spec/proxy.md §2 and §5).
 
 Both are split by hand rather than with ``urllib.parse``: URL parsers disagree on odd input (urllib3 ends
 the authority at a backslash, ``urllib.parse`` does not; ``urllib.parse`` silently drops tabs and
