@@ -1,7 +1,7 @@
 """One loopback check serves both rules that need one: the proxy rule and the Vault address check.
 
 ``ckpt.domain.loopback.is_loopback_host`` decides; the proxy rule never proxies such a host
-(docs/spec/proxy.md §5.3) and the Vault source accepts plain ``http://`` to it (docs/spec/credentials.md
+(spec/proxy.md §5.3) and the Vault source accepts plain ``http://`` to it (spec/credentials.md
 §5.4). The structural tests keep a second check (or a second redaction helper) from growing back.
 """
 
