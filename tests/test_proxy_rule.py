@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from ckpt.domain import proxy as proxy_module
 from ckpt.domain.errors import ConfigError, InvalidError, ProxyConfigError
 from ckpt.domain.proxy import ProxyRule, is_cgi, parse_proxy_url, redact_url
+from support.strategies import FUZZY_TEXT, FUZZY_URLS
 
 VECTORS_PATH = Path(__file__).parent / "vectors" / "proxy.json"
 VECTORS: list[dict[str, Any]] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))["cases"]
@@ -276,21 +277,6 @@ class TestProxyFor:
         """The returned proxy is the canonical URL, password included, ready for the HTTP client."""
         rule = ProxyRule(https_proxy="Alice:pw@Proxy.Example:3128")
         assert rule.proxy_for("https://example.com/") == "http://Alice:pw@proxy.example:3128"
-
-
-URL_PIECES = st.sampled_from(
-    [
-        *"abcxyz019.-_:/?#[]@%*, \t\n\\",
-        *"\u00e4\u793a\uff21\u00af\uff0f",  # a-umlaut, CJK, fullwidth A, macron, fullwidth solidus
-        *["http://", "https://", "HTTP://", "[::1]", "[fe80::1%25", "localhost", "127.0.0.1", "::ffff:"],
-        *["xn--", "%25", ":443", "*.", "/8", "2001:db8::"],
-    ]
-)
-FUZZY_TEXT = st.one_of(st.text(), st.lists(URL_PIECES, max_size=12).map("".join))
-FUZZY_URLS = st.one_of(
-    FUZZY_TEXT,
-    st.tuples(st.sampled_from(["http://", "https://", "HTTPS://", "ftp://", ""]), FUZZY_TEXT).map("".join),
-)
 
 
 class TestProperties:
