@@ -131,10 +131,10 @@ class TestPublish:
         rel = save(root, "exec/a/ck-1")
         assert_one_line_error(ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1.5", rel), 2)
 
-    def test_missing_save_exits_1(self, root: Path) -> None:
-        """A save that does not exist is refused (exit 1) and nothing is published."""
+    def test_missing_save_exits_2(self, root: Path) -> None:
+        """A save that does not exist is an invalid argument (exit 2, SPEC §4) and nothing is published."""
         assert_one_line_error(
-            ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1", "exec/x"), 1
+            ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1", "exec/x"), 2
         )
 
     def test_save_outside_root_exits_2(self, root: Path, tmp_path: Path) -> None:
@@ -227,3 +227,149 @@ class TestDemo:
         assert result.returncode == 0, result.stderr
         assert "resolve -> s3://ckpt-demo/team-a/run-42/exec/2.4102.0/checkpoint-700" in result.stdout
         assert "refused: already published" in result.stdout
+
+
+def ckpt_bytes(*args: str | bytes, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Like :func:`ckpt`, with arguments and output as bytes (for paths that are not UTF-8)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_"))}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt", *args], capture_output=True, env=full_env, timeout=60, check=False
+    )
+
+
+class TestHostileArguments:
+    @pytest.mark.parametrize("keep", ["9" * 5000, "18446744073709551616", "\u0661", "+1", " 1"])
+    def test_prune_keep_out_of_range_is_one_line_exit_2(self, root: Path, keep: str) -> None:
+        """--keep with thousands of digits, beyond 64 bits or not ASCII digits: exit 2, no traceback."""
+        result = ckpt("--root", str(root), "prune", f"--keep={keep}")
+        assert_one_line_error(result, 2)
+        assert "--keep" in result.stderr
+
+    @pytest.mark.parametrize("option", ["--epoch", "--step"])
+    @pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e3", "9" * 5000])
+    def test_publish_numbers_that_are_not_counts_exit_2(self, root: Path, option: str, value: str) -> None:
+        """--epoch and --step refuse inf, nan, negative, exponent and huge values with one line (exit 2)."""
+        rel = save(root, "exec/a/ck-1")
+        numbers = {"--epoch": "1", "--step": "1", option: value}
+        result = ckpt("--root", str(root), "publish", *(f"{k}={v}" for k, v in numbers.items()), rel)
+        assert_one_line_error(result, 2)
+        assert not (root / "pub").exists()
+
+    def test_config_that_is_not_utf8_exits_2(self, root: Path, tmp_path: Path) -> None:
+        """A configuration file that is not UTF-8 is a configuration error naming the file (exit 2)."""
+        config = tmp_path / "ckpt.toml"
+        config.write_bytes(b'root = "/x"\n# caf\xe9\n')
+        result = ckpt("--root", str(root), "--config", str(config), "resolve")
+        assert_one_line_error(result, 2)
+        assert "not valid UTF-8" in result.stderr
+        assert str(config) in result.stderr
+
+    @pytest.mark.parametrize("device", ["/dev/zero", "/dev/null", "/dev/urandom"])
+    def test_config_that_is_a_device_is_refused_at_once(self, root: Path, device: str) -> None:
+        """--config /dev/zero would be read forever: anything but a regular file is refused (exit 2)."""
+        result = ckpt("--root", str(root), "--config", device, "resolve")
+        assert_one_line_error(result, 2)
+        assert "not a regular file" in result.stderr
+
+    def test_config_that_is_a_fifo_is_refused_without_blocking(self, root: Path, tmp_path: Path) -> None:
+        """A FIFO nobody writes to would block a plain open; it is refused instead (exit 2)."""
+        fifo = tmp_path / "ckpt.toml"
+        os.mkfifo(fifo)
+        result = ckpt("--root", str(root), "--config", str(fifo), "resolve")
+        assert_one_line_error(result, 2)
+        assert "not a regular file" in result.stderr
+
+    def test_config_larger_than_the_cap_is_refused(self, root: Path, tmp_path: Path) -> None:
+        """A configuration file beyond MAX_CONFIG_BYTES is refused, naming the limit."""
+        from ckpt.config import MAX_CONFIG_BYTES
+
+        config = tmp_path / "ckpt.toml"
+        config.write_bytes(b"# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+        result = ckpt("--root", str(root), "--config", str(config), "resolve")
+        assert_one_line_error(result, 2)
+        assert f"larger than {MAX_CONFIG_BYTES} bytes" in result.stderr
+
+    @pytest.mark.parametrize("key", ["connect_timeout", "read_timeout", "refresh_seconds"])
+    @pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e300"])
+    def test_s3_timing_that_cannot_be_waited_for_exits_2(
+        self, root: Path, tmp_path: Path, key: str, value: str
+    ) -> None:
+        """[s3] timings of inf, nan or beyond any wait are refused at load, naming the key (exit 2)."""
+        config = tmp_path / "ckpt.toml"
+        config.write_text(f'root = "s3://bucket-name/run"\n[s3]\n{key} = {value}\n')
+        result = ckpt("--config", str(config), "resolve")
+        assert_one_line_error(result, 2)
+        assert f"s3.{key}" in result.stderr
+
+    @pytest.mark.parametrize(
+        "endpoint",
+        [
+            "ftp://objects.example:21",
+            "https://objects.example:99999",
+            "https://objects.example:0",
+            "https://objects.example:port",
+            "https://",
+            "https://:9000",
+            "objects.example:9000",
+            "https://objects.example/?x=1",
+            "https://objects.example/#frag",
+            "https://objects.example /",
+        ],
+    )
+    def test_endpoint_url_that_cannot_work_exits_2(self, tmp_path: Path, endpoint: str) -> None:
+        """An endpoint URL that cannot work is a configuration error naming the key (exit 2), not exit 1."""
+        config = tmp_path / "ckpt.toml"
+        config.write_text(f'root = "s3://bucket-name/run"\n[s3]\nendpoint_url = "{endpoint}"\n')
+        result = ckpt("--config", str(config), "resolve")
+        assert_one_line_error(result, 2)
+        assert "s3.endpoint_url" in result.stderr
+
+    def test_endpoint_url_user_info_is_refused_and_redacted(self, tmp_path: Path) -> None:
+        """User-info in the endpoint URL is refused; its password never reaches the output."""
+        config = tmp_path / "ckpt.toml"
+        config.write_text(
+            'root = "s3://bucket-name/run"\n[s3]\nendpoint_url = "https://alice:hunter2-secret@s3.example"\n'
+        )
+        result = ckpt("--config", str(config), "resolve")
+        assert_one_line_error(result, 2)
+        assert "s3.endpoint_url" in result.stderr
+        assert "hunter2-secret" not in result.stderr + result.stdout
+        assert "***@s3.example" in result.stderr
+
+    @pytest.mark.parametrize("option", ["--root", "--config"])
+    def test_a_newline_in_a_path_cannot_split_or_forge_the_error_line(
+        self, tmp_path: Path, option: str
+    ) -> None:
+        """A root or config path holding a newline stays on the one error line, escaped."""
+        hostile = str(tmp_path / "absent\nckpt: forged line")
+        args = [option, hostile] + (["--root", str(tmp_path)] if option == "--config" else [])
+        result = ckpt(*args, "resolve")
+        assert_one_line_error(result, 1 if option == "--root" else 2)
+        assert "absent\\nckpt: forged line" in result.stderr
+
+    def test_a_root_that_is_not_utf8_gives_valid_json_and_raw_text(self, tmp_path: Path) -> None:
+        """--json output is valid UTF-8 JSON for a root that is not UTF-8; text gives its bytes back."""
+        root = os.fsencode(tmp_path) + b"/r\xff"
+        os.makedirs(root + b"/exec/a/ck-1")
+        published = ckpt_bytes("--root", root, "publish", "--epoch", "1", "--step", "1", "exec/a/ck-1")
+        assert published.returncode == 0, published.stderr
+        document = json.loads(ckpt_bytes("--root", root, "--json", "resolve").stdout.decode("utf-8"))
+        assert document["location"] == os.fsdecode(root + b"/exec/a/ck-1")
+        entries = ckpt_bytes("--root", root, "--json", "entries").stdout.decode("utf-8")
+        assert json.loads(entries)[0]["location"] == os.fsdecode(root + b"/exec/a/ck-1")
+        text = ckpt_bytes("--root", root, "resolve")
+        assert text.returncode == 0, text.stderr
+        assert text.stdout == root + b"/exec/a/ck-1\n"
+
+    def test_json_log_lines_are_valid_utf8_for_a_root_that_is_not(self, tmp_path: Path) -> None:
+        """--log-format json log lines (the watcher's) stay valid UTF-8 JSON with a non-UTF-8 root."""
+        root = os.fsencode(tmp_path) + b"/r\xff"
+        os.makedirs(root + b"/exec/a")
+        result = ckpt_bytes(
+            "--root", root, "--log-format", "json", "watch", "--framework", "dcp", "--attempt", "a",
+            "--epoch", "1", "--once",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        lines = [json.loads(line.decode("utf-8")) for line in result.stderr.splitlines()]
+        assert any(os.fsdecode(root) in line["message"] for line in lines)

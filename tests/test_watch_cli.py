@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -222,6 +223,11 @@ class TestArguments:
             (["--settle", "nan"], "--settle 'nan' is not a number of seconds"),
             (["--settle", "ten"], "--settle 'ten' is not a number of seconds"),
             (["--scan-timeout", "0"], "--scan-timeout '0' must be greater than 0"),
+            (["--interval", "99999999999999999999"], "--interval '99999999999999999999' is more than"),
+            (["--settle", "99999999999999999999"], "--settle '99999999999999999999' is more than"),
+            (["--scan-timeout", "9999999999.5"], "--scan-timeout '9999999999.5' is more than"),
+            (["--interval", "9" * 5000], "--interval '99999"),
+            (["--epoch", "9" * 5000], "does not fit in 64 bits"),
             (["--epoch", "-5"], "epoch '-5' is not a decimal number"),
             (["--attempt", ".."], "attempt '..'"),
             (["--saves", "pub"], "save 'pub' is pub/ or inside it"),
@@ -382,6 +388,42 @@ class TestSignals:
         assert code == 0
         assert time.monotonic() - signalled < 10
 
+    @pytest.mark.skipif(not hasattr(fcntl, "F_SETLEASE"), reason="file leases are Linux-only")
+    def test_sigterm_while_still_starting_up_exits_0(self, root: Path, tmp_path: Path) -> None:
+        """SIGTERM that lands while the sidecar reads its configuration ends in one scan and exit 0, not 143.
+
+        Deterministic start-up point: the test holds a write lease on the configuration file, so the
+        sidecar's open of it blocks until the lease is released. The lease break tells the test the sidecar
+        is inside that open (before the store exists); the signal is sent then, and the lease released.
+        """
+        config = tmp_path / "ckpt.toml"
+        config.write_text("# defaults only\n")
+        (root / "exec" / ATTEMPT / "step-5").mkdir(parents=True)
+        (root / "exec" / ATTEMPT / "step-5" / ".metadata").write_bytes(b"m")
+        # The lease break is announced with SIGIO, whose default action would end pytest itself.
+        previous = signal.signal(signal.SIGIO, signal.SIG_IGN)
+        fd = os.open(config, os.O_RDWR)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+            process = subprocess.Popen(
+                [*CKPT, "--root", str(root), "--config", str(config), "--json", *WATCH_DCP],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment(),
+            )  # fmt: skip
+            deadline = time.monotonic() + 60
+            while fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_WRLCK:  # until the sidecar's open breaks it
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the sidecar never opened its configuration"
+                time.sleep(0.01)
+            process.send_signal(signal.SIGTERM)  # pending at once; delivered before the open returns
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+            out, err = process.communicate(timeout=60)
+        finally:
+            os.close(fd)
+            signal.signal(signal.SIGIO, previous)
+        assert process.returncode == 0, err.decode()
+        assert b"Traceback" not in err
+        assert [e["step"] for e in json.loads(out)["published"]] == [5]
+
 
 def read_events(path: Path) -> dict[str, Any]:
     events: dict[str, Any] = {}
@@ -457,7 +499,21 @@ class TestKillAndRestart:
         args = ("--framework", framework, "--interval", "0.05", "--settle", settle)
         for _ in range(rounds):
             watching = spawn("watch", *args)
-            time.sleep(rng.uniform(0.05, 0.8))
+            # Kill at a seeded moment after start-up, so a slow (loaded) machine kills at the same point of
+            # the watcher's life as a fast one, not before it has begun.
+            watching.wait_started()
+            time.sleep(rng.uniform(0.0, 0.75))
+            watching.kill()
+        # However the kills fell, at least one watcher must be killed after it published, while the trainer
+        # may still be writing: keep starting watchers, each killed right after pub/ grows (bounded).
+        for _ in range(rounds):
+            if pub_names(root):
+                break
+            watching = spawn("watch", *args)
+            watching.wait_started()
+            deadline = time.monotonic() + 30
+            while not pub_names(root) and time.monotonic() < deadline:
+                time.sleep(0.01)
             watching.kill()
         assert trainer.wait(timeout=60) == 0
         published_while_killing = len(pub_names(root))

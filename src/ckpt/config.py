@@ -8,17 +8,33 @@ credential chain by their own modules, which own their keys.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 
 from ckpt.domain.errors import ConfigError
 
-__all__ = ["Config", "S3Settings", "load_config", "parse_config"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_SECONDS",
+    "Config",
+    "S3Settings",
+    "endpoint_url_problem",
+    "load_config",
+    "parse_config",
+]
 
 _ADDRESSING = ("path", "virtual", "auto")
+#: The longest duration, in seconds, that any setting or option accepts (about 115 days): far beyond any
+#: sensible timeout or interval, and far below what the platform can wait for (``threading.TIMEOUT_MAX``,
+#: socket timeouts), so a huge value is refused up front instead of overflowing at the first wait.
+MAX_SECONDS = 10_000_000
+#: The largest configuration file read; a real one is a few hundred bytes.
+MAX_CONFIG_BYTES = 1024 * 1024
 
 
 @attrs.frozen
@@ -53,6 +69,11 @@ def _number(table: Mapping[str, Any], key: str, where: str, *, positive: bool = 
     value = table[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}.{key} must be a number, got {value!r}", key=f"{where}.{key}")
+    if not math.isfinite(value) or value > MAX_SECONDS:
+        raise ConfigError(
+            f"{where}.{key} must be a finite number of seconds up to {MAX_SECONDS}, got {value!r}",
+            key=f"{where}.{key}",
+        )
     if positive and value <= 0:
         raise ConfigError(f"{where}.{key} must be greater than 0, got {value!r}", key=f"{where}.{key}")
     return float(value)
@@ -74,6 +95,45 @@ def _unknown(table: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> 
             raise ConfigError(f"unknown key {full!r} in the configuration file", key=full)
 
 
+def endpoint_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an S3 endpoint, or ``None`` when it can.
+
+    Accepted: ``http://`` or ``https://``, a host, an optional port 1..65535 and an optional path (a
+    gateway may serve S3 under a prefix). Refused, because they cannot work or would be silently dropped:
+    another scheme, no host, a bad port, user-info (botocore never sends it; keys come from the credential
+    chain), a query or a fragment, whitespace or control characters.
+    """
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        return "it contains whitespace or a control character"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a port that is not a number or out of range, unbalanced brackets
+        return "its host or port is not valid (a port is a number from 1 to 65535)"
+    if parts.scheme.lower() not in ("http", "https") or not url.lower().startswith(("http://", "https://")):
+        return "it must start with http:// or https://"
+    if "@" in parts.netloc:
+        return "it must not carry user-info (credentials come from [[credentials]])"
+    if not parts.hostname:
+        return "it has no host"
+    if port == 0:
+        return "its port is not a number from 1 to 65535"
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        return "it must not have a query or a fragment"
+    return None
+
+
+def _check_endpoint_url(url: str) -> None:
+    from ckpt.domain.redaction import redact_url  # the one place user-info is hidden for display
+
+    problem = endpoint_url_problem(url)
+    if problem is not None:
+        raise ConfigError(
+            f"s3.endpoint_url {redact_url(url, keep_user=False)!r} cannot be used: {problem}",
+            key="s3.endpoint_url",
+        )
+
+
 def _parse_s3(table: object) -> S3Settings:
     if not isinstance(table, Mapping):
         raise ConfigError("s3 must be a table", key="s3")
@@ -84,6 +144,8 @@ def _parse_s3(table: object) -> S3Settings:
         value = _string(table, key, "s3")
         if value is not None:
             kwargs[key] = value
+    if "endpoint_url" in kwargs:
+        _check_endpoint_url(kwargs["endpoint_url"])
     if kwargs.get("addressing_style", "auto") not in _ADDRESSING:
         raise ConfigError(
             f"s3.addressing_style must be one of {', '.join(_ADDRESSING)},"
@@ -137,14 +199,26 @@ def _validate_credentials(tables: list[Mapping[str, Any]]) -> None:
 
 
 def load_config(path: str) -> Config:
-    """Read and validate the TOML file at ``path``."""
+    """Read and validate the TOML file at ``path`` (a regular file of at most ``MAX_CONFIG_BYTES``, UTF-8)."""
+    from ckpt.small_files import read_small_file
+
+    def refuse(reason: str) -> ConfigError:
+        return ConfigError(f"configuration file {path!r} is refused: {reason}")
+
     try:
-        with open(path, "rb") as f:
-            document = tomllib.load(f)
+        data = read_small_file(path, limit=MAX_CONFIG_BYTES, refuse=refuse)
     except FileNotFoundError:
-        raise ConfigError(f"configuration file {path} does not exist", key=None) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"configuration file {path!r} does not exist", key=None) from None
     except OSError as exc:
-        raise ConfigError(f"cannot read configuration file {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read configuration file {path!r}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"configuration file {path!r} is not valid UTF-8 (byte {exc.start}); TOML files are UTF-8"
+        ) from None
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {path!r} is not valid TOML: {exc}") from None
     return parse_config(document, path=path)

@@ -5,8 +5,11 @@ Rules:
 1. Exit codes: 0 success; 1 operational failure (storage, network, credentials, timeout); 2 usage error or
    ``InvalidError``; 3 ``resolve`` found nothing; 4 ``publish`` found the entry already there; 5 a malformed
    name in the publication log.
-2. An error is one line on stderr starting ``ckpt: ``; never a traceback.
-3. ``--json`` prints exactly one JSON document on stdout.
+2. An error is one line on stderr starting ``ckpt: ``; never a traceback. A value the user gave is quoted
+   in it with ``repr`` (as saves always were), and ``Context.warn`` escapes any line break or control
+   character left in a message, so no value (a root with a newline) can split the line or forge another.
+3. ``--json`` prints exactly one JSON document on stdout, always valid UTF-8 (see ``output.print_json``).
+   Text output writes a path that is not valid UTF-8 back as the bytes it came from.
 4. Start-up stays cheap: command modules, boto3 and hvac are imported only by the commands that need them;
    logging and json too (benchmarks/README.md holds ``ckpt resolve`` to 1.5x ``python -c "import attrs"``).
 """
@@ -14,11 +17,14 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
+from ckpt.domain.entries import MAX_U64
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
 
 if TYPE_CHECKING:
@@ -28,6 +34,16 @@ if TYPE_CHECKING:
 __all__ = ["Context", "main"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOTHING, EXIT_EXISTS, EXIT_MALFORMED = 0, 1, 2, 3, 4, 5
+
+
+# Rule 2: what would break an error line or hide in it: C0 and C1 controls (newline, carriage return,
+# escape), the Unicode line and paragraph separators, and lone surrogates (bytes that were not UTF-8).
+_NOT_IN_A_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that could break or disguise a line escaped as ``repr`` would."""
+    return _NOT_IN_A_LINE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class UsageError(Exception):
@@ -108,7 +124,21 @@ class Context:
         self.stdout.write(line + "\n")
 
     def warn(self, line: str) -> None:
-        self.stderr.write(f"ckpt: {line}\n")
+        self.stderr.write(f"ckpt: {one_line(line)}\n")
+
+
+def whole_number(text: str, option: str, *, minimum: int = 0) -> int:
+    """Parse a count given to ``option``: ASCII digits, ``minimum`` to 2**64 - 1; else ``InvalidError``.
+
+    The length is checked before ``int()``, which refuses (with a ``ValueError`` of its own) to convert more
+    than a few thousand digits.
+    """
+    if text.isascii() and text.isdigit() and len(text.lstrip("0")) <= len(str(MAX_U64)):
+        value = int(text)
+        if minimum <= value <= MAX_U64:
+            return value
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    raise InvalidError(f"{option} {shown!r} must be a whole number from {minimum} to {MAX_U64}")
 
 
 def _epoch_arg(ctx: Context) -> int:
@@ -152,7 +182,7 @@ def _cmd_resolve(ctx: Context) -> int:
         entry = store.resolve()
     if entry is None:
         what = f"no complete {ctx.args.framework} save" if ctx.args.framework else "nothing"
-        ctx.warn(f"{what} is published under {store.root}")
+        ctx.warn(f"{what} is published under {store.root!r}")
         return EXIT_NOTHING
     if ctx.json:
         from ckpt.cli.output import entry_document, print_json  # json: only when asked for
@@ -196,11 +226,9 @@ def _cmd_publish(ctx: Context) -> int:
 def _cmd_prune(ctx: Context) -> int:
     from ckpt.cli.output import print_json, prune_document
 
-    text = ctx.args.keep
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise InvalidError(f"--keep {text!r} must be a whole number >= 1")
+    keep = whole_number(ctx.args.keep, "--keep", minimum=1)
     store = ctx.store()
-    result = store.prune(int(text), dry_run=ctx.args.dry_run)
+    result = store.prune(keep, dry_run=ctx.args.dry_run)
     if ctx.json:
         print_json(prune_document(store, result), ctx.stdout)
         return EXIT_OK
@@ -309,13 +337,15 @@ def main(
     stderr: IO[str] | None = None,
 ) -> int:
     """Run the command line; return the exit code."""
+    if stdout is None and isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="surrogateescape")  # rule 3: a non-UTF-8 path comes out as its bytes
     out, err = stdout or sys.stdout, stderr or sys.stderr
     env = os.environ if environ is None else environ
     arguments = sys.argv[1:] if argv is None else argv
     try:
         args = build_parser(arguments).parse_args(arguments)
     except UsageError as exc:
-        err.write(f"ckpt: {exc} (see ckpt --help)\n")
+        err.write(f"ckpt: {one_line(str(exc))} (see ckpt --help)\n")
         return EXIT_USAGE
     ctx = Context(args, env, out, err)
     # Importing logging costs a few milliseconds, and on a POSIX root nothing the store commands run logs:
@@ -342,7 +372,7 @@ def main(
         ctx.warn(str(exc))
         return EXIT_FAILURE
     except OSError as exc:
-        ctx.warn(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""))
+        ctx.warn(f"{exc.strerror or exc}" + (f": {exc.filename!r}" if exc.filename else ""))
         return EXIT_FAILURE
     except KeyboardInterrupt:
         ctx.warn("interrupted")

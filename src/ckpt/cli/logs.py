@@ -31,7 +31,7 @@ class _TextFormatter(logging.Formatter):
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        import json  # only for --log-format json: keeps start-up light
+        from ckpt.cli.output import json_text  # only for --log-format json: keeps start-up light
 
         document: dict[str, object] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -41,7 +41,7 @@ class _JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         document.update(_fields(record))
-        return json.dumps(document, default=str, ensure_ascii=False)
+        return json_text(document, default=str)
 
 
 def configure_logging(level: str = "info", fmt: str = "text", stream: IO[str] | None = None) -> None:

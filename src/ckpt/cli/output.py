@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from typing import IO, Any
 
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import PruneResult, Store
 
-__all__ = ["entry_document", "entry_line", "print_json", "prune_document"]
+__all__ = ["entry_document", "entry_line", "json_text", "print_json", "prune_document"]
+
+# Lone surrogates can only stand inside JSON strings, where a \u escape means the same code point.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def entry_document(store: Store, entry: Entry) -> dict[str, Any]:
@@ -38,6 +43,17 @@ def prune_document(store: Store, result: PruneResult) -> dict[str, Any]:
     }
 
 
+def json_text(document: object, *, default: Callable[[Any], Any] | None = None) -> str:
+    """``document`` as JSON text that is always valid UTF-8 (non-ASCII characters kept as they are).
+
+    A path that was not valid UTF-8 (a root named with a byte such as ``0xff``) reaches us with lone
+    surrogates (``\\udcff``), which have no UTF-8 encoding: they are written as JSON ``\\u`` escapes, which a
+    JSON reader turns back into the same string.
+    """
+    text = json.dumps(document, ensure_ascii=False, default=default)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def print_json(document: object, out: IO[str]) -> None:
-    """Print one JSON document on its own line."""
-    out.write(json.dumps(document, ensure_ascii=False) + "\n")
+    """Print one JSON document on its own line (see :func:`json_text`)."""
+    out.write(json_text(document) + "\n")

@@ -12,10 +12,14 @@ Rules:
    ``InvalidError`` (exit 2).
 2. One log line per publication through the ``ckpt`` logger (text or JSON lines, as ``--log-format`` set it).
 3. SIGTERM and SIGINT stop the watcher: it drains (at most the settle time) and the command exits 0.
-   ``--once`` is a watch stopped right after its first scan.
+   ``--once`` is a watch stopped right after its first scan. The command installs its handlers before it
+   reads the configuration or opens the store (which imports botocore, and may take a while), so a signal
+   that lands during start-up still ends in one drained scan and exit 0, not in the default death (143).
 4. A scan error is raised; the CLI's ``main`` turns it into one ``ckpt: ...`` line and the exit code
    (storage and timeout 1, malformed log 5).
 5. ``--json`` prints ``{"published": [entry, ...]}`` once the watch ends normally.
+6. No seconds option (rule 1) exceeds ``ckpt.config.MAX_SECONDS`` (10,000,000, about 115 days): far below
+   what the platform can wait for, so a huge value is refused (exit 2) instead of overflowing a wait.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import re
 import signal
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from types import FrameType
 from typing import IO, Any, Protocol
 
+from ckpt.config import MAX_SECONDS
 from ckpt.domain.entries import Entry, parse_epoch, validate_save
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.frameworks import Framework, parse_framework, parse_world_size
@@ -95,14 +100,20 @@ def register(commands: Any) -> None:
 
 
 def _handle(ctx: _Context) -> int:
-    return run(ctx.args, ctx.store(), ctx.stdout, environ=ctx.environ)
+    stop = threading.Event()
+    with _stop_on_signals(stop):  # rule 3: before the configuration is read and the store opened
+        return run(ctx.args, ctx.store(), ctx.stdout, environ=ctx.environ, stop=stop)
 
 
 def parse_seconds(text: str, option: str, *, allow_zero: bool) -> float:
-    """Parse a number of seconds given to ``option`` (rule 1); ``InvalidError`` names the option."""
+    """Parse a number of seconds given to ``option`` (rules 1, 6); ``InvalidError`` names the option."""
     if not isinstance(text, str) or _SECONDS.fullmatch(text) is None:
-        raise InvalidError(f"{option} {text!r} is not a number of seconds (such as 10 or 0.5)")
+        shown = text if not isinstance(text, str) or len(text) <= 40 else text[:40] + "..."
+        raise InvalidError(f"{option} {shown!r} is not a number of seconds (such as 10 or 0.5)")
     value = float(text)
+    if value > MAX_SECONDS:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise InvalidError(f"{option} {shown!r} is more than the longest wait ckpt accepts ({MAX_SECONDS} s)")
     if value == 0 and not allow_zero:
         raise InvalidError(f"{option} {text!r} must be greater than 0")
     return value
@@ -175,9 +186,17 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def run(
-    args: argparse.Namespace, store: WatchStore, out: IO[str], *, environ: Mapping[str, str] | None = None
+    args: argparse.Namespace,
+    store: WatchStore,
+    out: IO[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    stop: threading.Event | None = None,
 ) -> int:
     """Run ``ckpt watch`` with parsed ``args`` on ``store``; print the ``--json`` document on ``out``.
+
+    ``stop`` is the caller's event, set by signal handlers it already installed (rule 3); without one,
+    ``run`` installs its own for the duration of the watch.
 
     Returns 0 when the watch ends normally (stopped by a signal, or ``--once``). Invalid arguments raise
     ``InvalidError``; a failed or timed-out scan raises its error (rules 3, 4).
@@ -225,10 +244,11 @@ def run(
         world_size=world_size,
         on_published=published,
     )
-    stop = threading.Event()
+    own_handlers = stop is None
+    stop = threading.Event() if stop is None else stop
     if args.once:
         stop.set()
-    with _stop_on_signals(stop):
+    with _stop_on_signals(stop) if own_handlers else nullcontext():
         _log.info(
             "watching %s for %s saves at epoch %d every %gs (settle %gs, scan timeout %gs, world size %s)%s",
             location,

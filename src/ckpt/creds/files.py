@@ -4,8 +4,9 @@ Rules for reading a secret file (``read_secret_file``; the Vault source uses it 
 
 - Open it anew at every read. Kubernetes secret volumes expose each key as a symbolic link through
   ``..data``, and swap ``..data`` atomically on rotation; a file handle kept open would pin the old value.
-- Decide on what was opened: ``fstat`` of the open descriptor describes the file after every link was
-  resolved, with no window between the check and the read. Opened non-blocking, so a FIFO cannot hang us.
+- Read through ``ckpt.small_files.read_small_file``: decide on what was opened (``fstat`` of the open
+  descriptor, after every link was resolved), opened non-blocking so a FIFO cannot hang us, and at most
+  ``MAX_SECRET_BYTES`` (64 KiB) read: a larger file is refused.
 - Refuse anything but a regular file, and a file that is group- or world-*writable* (someone else could
   plant keys). A group- or world-*readable* file is logged as a warning (once per file per source), or
   refused when the policy says ``refuse``: Kubernetes mounts secrets 0644 unless told otherwise.
@@ -32,15 +33,17 @@ import attrs
 
 from ckpt.creds.model import Credentials
 from ckpt.domain.errors import CredentialsError
+from ckpt.small_files import read_small_file
 
-__all__ = ["FileSource", "ReadablePolicy", "read_secret_file"]
+__all__ = ["MAX_SECRET_BYTES", "FileSource", "ReadablePolicy", "read_secret_file"]
 
 _log = logging.getLogger(__name__)
 
 #: What to do with a secret file that the group or others may read.
 ReadablePolicy = Literal["warn", "refuse", "allow"]
 
-_MAX_BYTES = 64 * 1024  # a key, a token or a JWT; anything bigger is not one
+#: The most a secret file may hold: a key, a token or a JWT; anything bigger is not one.
+MAX_SECRET_BYTES = 64 * 1024
 _GROUP_OR_WORLD_WRITABLE = stat.S_IWGRP | stat.S_IWOTH
 _GROUP_OR_WORLD_READABLE = stat.S_IRGRP | stat.S_IROTH
 
@@ -77,27 +80,17 @@ def read_secret_file(
     ``warned`` remembers which files were already warned about (pass one set per source, so a refresh every
     few minutes does not repeat the warning). Raises ``CredentialsError(source=source)`` on refusal.
     """
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _refuse(source, path, "too many levels of symbolic links") from None
-        raise CredentialsError(
-            f"{source}: cannot open secret file {path}: {exc.strerror or type(exc).__name__}", source=source
-        ) from None
-    try:
-        info = os.fstat(fd)
+
+    def refuse(reason: str) -> CredentialsError:
+        return _refuse(source, path, reason)
+
+    def inspect(info: os.stat_result) -> None:
         mode = stat.S_IMODE(info.st_mode)
-        if not stat.S_ISREG(info.st_mode):
-            raise _refuse(source, path, "it is not a regular file (after resolving links)")
         if mode & _GROUP_OR_WORLD_WRITABLE:
-            raise _refuse(source, path, f"it is group- or world-writable (mode {mode:04o})")
+            raise refuse(f"it is group- or world-writable (mode {mode:04o})")
         if mode & _GROUP_OR_WORLD_READABLE and readable_by_others != "allow":
             if readable_by_others == "refuse":
-                raise _refuse(source, path, f"it is group- or world-readable (mode {mode:04o})")
+                raise refuse(f"it is group- or world-readable (mode {mode:04o})")
             key = str(path)
             if warned is None or key not in warned:
                 _log.warning(
@@ -108,22 +101,20 @@ def read_secret_file(
                 )
                 if warned is not None:
                     warned.add(key)
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, 8192):
-            size += len(chunk)
-            if size > _MAX_BYTES:
-                raise _refuse(source, path, f"it is larger than {_MAX_BYTES} bytes")
-            chunks.append(chunk)
+
+    try:
+        data = read_small_file(path, limit=MAX_SECRET_BYTES, refuse=refuse, inspect=inspect)
+    except FileNotFoundError:
+        return None
     except CredentialsError:
         raise  # a refusal above (CredentialsError is a PermissionError, hence an OSError)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(source, path, "too many levels of symbolic links") from None
         raise CredentialsError(
             f"{source}: cannot read secret file {path}: {exc.strerror or type(exc).__name__}", source=source
         ) from None
-    finally:
-        os.close(fd)
-    return _decode(source, path, b"".join(chunks))
+    return _decode(source, path, data)
 
 
 @attrs.define
