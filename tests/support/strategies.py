@@ -7,7 +7,7 @@ asking the code under test):
 * entry names and saves, for the property tests of the pure core, aimed at what a bulk, row-decoding
   parser gets wrong;
 * cheap fuzz texts for every parser;
-* URL-ish text for the proxy rule.
+* URL-ish text for the proxy rule, and fuzz texts for S3 roots, proxy values, URLs and raw documents.
 
 Configuration documents: :func:`config_cases` draws a *valid* document (every table and key of SPEC §9,
 hostile but acceptable strings included) and then applies at most one known mutation: an unknown key in
@@ -701,4 +701,74 @@ FUZZY_TEXT = st.one_of(st.text(), st.lists(URL_PIECES, max_size=12).map("".join)
 FUZZY_URLS = st.one_of(
     FUZZY_TEXT,
     st.tuples(st.sampled_from(["http://", "https://", "HTTPS://", "ftp://", ""]), FUZZY_TEXT).map("".join),
+)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fuzz texts for S3 roots, proxy values, target URLs and configuration documents.
+
+# Text biased towards the characters these grammars care about, plus anything at all.
+FUZZ_SPECIAL = st.sampled_from([*"/:@?#[]%.-_*,= \t\n\x00\x7fAaZz09", "..", "//", "s3://", "http://", "::"])
+FUZZ_TEXT = st.one_of(
+    st.text(max_size=80),
+    st.lists(st.one_of(FUZZ_SPECIAL, st.text(max_size=6)), max_size=20).map("".join),
+)
+FUZZ_HOSTS = st.one_of(
+    st.from_regex(r"[a-z0-9][a-z0-9.-]{1,20}[a-z0-9]", fullmatch=True),
+    st.sampled_from(["127.0.0.1", "[::1]", "10.1.2.3", "[2001:db8::1]", "localhost", "bücher.example"]),
+    FUZZ_TEXT,
+)
+
+
+def fuzz_s3_roots() -> st.SearchStrategy[str]:
+    return st.one_of(
+        FUZZ_TEXT.map(lambda t: "s3://" + t),
+        st.tuples(FUZZ_HOSTS, st.lists(FUZZ_TEXT, max_size=4)).map(
+            lambda t: "s3://" + "/".join([t[0], *t[1]])
+        ),
+        FUZZ_TEXT,
+    )
+
+
+def fuzz_proxy_values() -> st.SearchStrategy[str]:
+    return st.one_of(
+        FUZZ_TEXT,
+        st.tuples(
+            st.sampled_from(["", "http://", "https://", "socks5://", "HTTP://", "ftp://"]),
+            st.sampled_from(["", "user:p%40ss@", "u@", ":Zq9Secret@"]),
+            FUZZ_HOSTS,
+            st.sampled_from(["", ":3128", ":0", ":65536", ":x", "/path", "?q", "#f"]),
+        ).map("".join),
+    )
+
+
+def fuzz_urls() -> st.SearchStrategy[str]:
+    return st.one_of(
+        FUZZ_TEXT,
+        st.tuples(
+            st.sampled_from(["http://", "https://", "HTTPS://", "ftp://", ""]),
+            FUZZ_HOSTS,
+            st.sampled_from(["", ":80", ":443", ":9000", ":99999", "/b/k", "?x=1"]),
+        ).map("".join),
+    )
+
+
+FUZZ_TOML_SCALARS = st.one_of(
+    st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), FUZZ_TEXT, st.just([])
+)
+FUZZ_CONFIG_KEYS = st.one_of(
+    st.sampled_from(
+        ["root", "s3", "proxy", "credentials", "endpoint_url", "region", "addressing_style", "ca_bundle",
+         "connect_timeout", "read_timeout", "max_attempts", "refresh_seconds", "max_staleness_seconds",
+         "http_proxy", "https_proxy", "no_proxy", "source", "dir", "readable_by_others", "address", "path",
+         "mount", "namespace", "auth", "method", "role", "jwt_file", "role_id", "secret_id", "fields"]
+    ),
+    st.text(max_size=8),
+)  # fmt: skip
+FUZZ_CONFIG_DOCUMENTS = st.recursive(
+    st.dictionaries(FUZZ_CONFIG_KEYS, FUZZ_TOML_SCALARS, max_size=5),
+    lambda children: st.dictionaries(
+        FUZZ_CONFIG_KEYS, st.one_of(FUZZ_TOML_SCALARS, children, st.lists(children, max_size=3)), max_size=5
+    ),
+    max_leaves=8,
 )
