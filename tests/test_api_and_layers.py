@@ -92,7 +92,7 @@ class TestLayers:
     def test_domain_imports_nothing_impure(self) -> None:
         """ckpt.domain imports only pure stdlib modules, attrs and itself: no I/O, vendors or outer layers."""
         offenders = []
-        for path in sorted((SRC / "domain").glob("*.py")):
+        for path in sorted((SRC / "domain").rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 names: list[str] = []
                 if isinstance(node, ast.Import):
@@ -100,7 +100,7 @@ class TestLayers:
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     names = [node.module]
                 offenders += [
-                    f"{path.name}: {n}"
+                    f"{path.relative_to(SRC)}: {n}"
                     for n in names
                     if n not in DOMAIN_ALLOWED and not n.startswith("ckpt.domain")
                 ]

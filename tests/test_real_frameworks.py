@@ -23,7 +23,7 @@ from ckpt.adapters.posix import PosixStore
 from ckpt.application.verify import read_markers, resolve_verified
 from ckpt.application.watcher import Watcher
 from ckpt.domain.entries import Entry
-from ckpt.domain.frameworks import Framework, check_markers
+from ckpt.domain.frameworks import Framework, markers_problem
 
 # Never reach a hub: the libraries read these when they are first imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -331,7 +331,7 @@ class TestHuggingFaceTrainerTwoRanks:
                 assert_loadable(folder, all_files)
             if (
                 not whole
-                and check_markers(Framework.HF, read_markers(store, Framework.HF, str(folder))) is None
+                and markers_problem(Framework.HF, read_markers(store, Framework.HF, str(folder))) is None
             ):
                 old_rule_passes.append(run_name)  # the rule without a world size would have published it
             # Verified resolve applies the same rule, even to a save that something else published.

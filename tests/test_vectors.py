@@ -29,7 +29,7 @@ from ckpt.domain.entries import (
 )
 from ckpt.domain.errors import InvalidError, MalformedError
 from ckpt.domain.journal import format_journal, parse_journal
-from ckpt.domain.names import format_entry_name, latest_entry_name, parse_entry_name, parse_entry_names
+from ckpt.domain.names import format_entry_name, latest_entry_of_names, parse_entry_name, parse_entry_names
 from ckpt.domain.prune import Overlap, overlaps, plan_prune, recheck_folders
 from ckpt.domain.s3_root import parse_s3_root
 
@@ -294,36 +294,42 @@ class TestParseEntryNames:
             assert malformed_name(lambda listing=listing: parse_entry_names(listing)) == first
 
 
-class TestLatestEntryName:
-    """``latest_entry_name``, the bulk path of ``resolve``, on ``names.json`` and ``order.json``."""
+class TestLatestEntryOfNames:
+    """``latest_entry_of_names``, the bulk path of ``resolve``, on ``names.json`` and ``order.json``."""
 
     @pytest.mark.parametrize("case", cases("names", valid=True))
     def test_valid_name_alone(self, case: Case) -> None:
         """A listing of one valid name gives its entry."""
-        assert latest_entry_name([case["name"]]) == expected_entry(case)
+        assert latest_entry_of_names([case["name"]]) == expected_entry(case)
 
     def test_all_valid_names_together(self) -> None:
         """A listing of every valid name gives the greatest entry."""
         expected = max((expected_entry(p.values[0]) for p in cases("names", valid=True)), key=lambda e: e.key)
-        assert latest_entry_name(valid_names()) == expected
-        assert latest_entry_name(valid_names()[::-1]) == expected
+        assert latest_entry_of_names(valid_names()) == expected
+        assert latest_entry_of_names(valid_names()[::-1]) == expected
 
     def test_empty_listing(self) -> None:
         """An empty listing has no latest entry."""
-        assert latest_entry_name([]) is None
+        assert latest_entry_of_names([]) is None
+
+    def test_the_old_name_is_the_same_function(self) -> None:
+        """``latest_entry_name``, the old name (it returns an entry, not a name), stays as an alias."""
+        from ckpt.domain import names
+
+        assert names.latest_entry_name is latest_entry_of_names
 
     @pytest.mark.parametrize("position", POSITIONS)
     @pytest.mark.parametrize("case", cases("names", valid=False))
     def test_invalid_name_among_valid_ones(self, case: Case, position: str) -> None:
         """One invalid name among valid ones raises MalformedError naming it, wherever it sorts."""
         listing = insert_at(valid_names(), case["name"], position)
-        assert malformed_name(lambda: latest_entry_name(listing)) == case["name"]
+        assert malformed_name(lambda: latest_entry_of_names(listing)) == case["name"]
 
     @pytest.mark.parametrize("case", cases("order"))
     def test_latest_of_order_case(self, case: Case) -> None:
         """The latest entry of a listing is the last of the expected ascending order."""
         names = [format_entry_name(entry_of(e)) for e in case["entries"]]
-        assert latest_entry_name(names) == entry_of(case["ascending"][-1])
+        assert latest_entry_of_names(names) == entry_of(case["ascending"][-1])
 
 
 @pytest.mark.parametrize("parse", [parse_epoch, parse_step], ids=["epoch", "step"])
