@@ -37,8 +37,8 @@ import pytest
 from ckpt.adapters.s3 import S3Store
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name
-from s3_support import new_bucket_name, raw_client
 from support.forward_proxy import ForwardProxy
+from support.s3 import new_bucket_name, raw_client
 
 pytestmark = pytest.mark.slow
 

@@ -51,15 +51,6 @@ from ckpt.domain.errors import CkptError, ExistsError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name, parse_entry_names
 from ckpt.watcher import Watcher
-from harness import Harness
-from s3_support import (
-    REGION,
-    RequestLog,
-    S3Harness,
-    isolate_from_aws_environment,
-    new_bucket_name,
-    raw_client,
-)
 from support.forward_proxy import (
     Delay,
     DropConnection,
@@ -70,6 +61,15 @@ from support.forward_proxy import (
     TruncateResponse,
     internal_error,
     slow_down,
+)
+from support.harness import Harness
+from support.s3 import (
+    REGION,
+    RequestLog,
+    S3Harness,
+    isolate_from_aws_environment,
+    new_bucket_name,
+    raw_client,
 )
 
 # One label: moto's server takes the first label of a dotted host for a bucket name, so only a single-label

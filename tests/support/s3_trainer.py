@@ -1,4 +1,4 @@
-"""A simulated trainer that writes saves into S3 object by object: the S3 twin of ``support_trainer.py``.
+"""A simulated trainer that writes saves into S3 object by object: the S3 twin of ``support/trainer.py``.
 
 Run as a subprocess from ``tests/`` (``python -m support.s3_trainer --endpoint URL --bucket B --saves
 exec/<attempt> --framework hf|dcp --events FILE [--start N] [--pace S] [--gap S] [--rounds R]``). It writes
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from support.s3_processes import direct_client
-from support_trainer import SENTINEL, TRAINER_STATE, SaveSpec, dcp_plan, hf_plan
+from support.trainer import SENTINEL, TRAINER_STATE, SaveSpec, dcp_plan, hf_plan
 
 __all__ = ["S3Trainer", "main"]
 

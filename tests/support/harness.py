@@ -1,9 +1,9 @@
 """Store harnesses: how the contract suite builds a root on each storage and arranges trees in it.
 
 The contract suite (``tests/test_store_contract.py``) is written once against :class:`Harness` and runs on
-every implementation registered in ``HARNESSES`` (``tests/conftest.py`` parametrizes the ``harness`` fixture
-over them). A harness arranges state *beside* the store under test (real files, real objects), so the
-store's own reads are what the tests check.
+every implementation registered in ``HARNESS_FACTORIES`` (``tests/support/fixtures.py`` parametrizes the
+``harness`` fixture over them). A harness arranges state *beside* the store under test (real files, real
+objects), so the store's own reads are what the tests check.
 """
 
 from __future__ import annotations

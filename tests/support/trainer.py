@@ -2,7 +2,7 @@
 
 Used in-process (``SimulatedTrainer(...).run(plan)`` in a thread) and as a script run as a subprocess::
 
-    python tests/support_trainer.py --framework hf --saves DIR --events FILE [--pace S] [--gap S]
+    python -m support.trainer --framework hf --saves DIR --events FILE [--pace S] [--gap S]
 
 Every save is written in small steps with ``pace`` seconds between them, so a watcher can catch it half-way:
 
