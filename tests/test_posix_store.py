@@ -20,13 +20,7 @@ from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name
 from ckpt.verify import resolve_verified
 from support.faulty_syscalls import FaultySyscalls
-
-
-def make_save(root: Path, save: str) -> str:
-    path = root / save
-    path.mkdir(parents=True)
-    (path / "model.bin").write_bytes(b"weights")
-    return str(path)
+from support.saves import make_save
 
 
 @pytest.fixture

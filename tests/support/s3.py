@@ -40,6 +40,7 @@ from moto import mock_aws
 from ckpt.adapters.s3 import S3Store
 from ckpt.config import Config, S3Settings
 from support.harness import Harness
+from support.saves import put_save
 
 REGION = "us-east-1"
 # Credentials moto accepts; they only ever go to 127.0.0.1 or nowhere (in-process).
@@ -213,8 +214,7 @@ class S3Harness:
         return sorted(keys)
 
     def make_save(self, save: str, files: dict[str, bytes] | None = None) -> str:
-        for name, data in (files or {"model.bin": b"weights"}).items():
-            self.put(f"{save}/{name}", data)
+        put_save(self.client, self.bucket, self.key(save), files)
         return f"{self._store.root}/{save}"
 
     def make_file(self, path: str, data: bytes) -> str:
