@@ -24,7 +24,7 @@ from support import module_command, subprocess_env
 from support.trainer import complete_folders, dcp_plan, hf_plan
 
 CKPT = [sys.executable, "-m", "ckpt"]
-TRAINER = module_command("support.trainer")
+TRAINER = module_command("support.trainer", "posix")
 ATTEMPT = "2.4102.0"
 EPOCH = "2000000"
 STATE = b'{"global_step": 5}'
