@@ -36,7 +36,7 @@ from ckpt.creds.botocore_session import (
     stale_deadline,
 )
 from ckpt.domain.errors import CredentialsError, InvalidError
-from fake_vault import Answer, FakeVault, RecordedRequest, RelayServer
+from support.fake_vault import Answer, FakeVault, RecordedRequest, RelayServer
 
 SECRET = "s3-SECRET-KEY-f00d-4242"
 TOKEN = "s3-SESSION-TOKEN-f00d-4242"

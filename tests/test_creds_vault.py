@@ -1,4 +1,4 @@
-"""The ``vault`` credential source against the fake Vault (tests/fake_vault.py) on loopback (SPEC §6).
+"""The ``vault`` credential source against the fake Vault (support/fake_vault.py) on loopback (SPEC §6).
 
 Covers: Kubernetes and AppRole logins (the JWT and secret id re-read at every login, no token on a login),
 token reuse, renewal and re-login, KV v2 reads with rotated, deleted and destroyed versions, and the
@@ -20,7 +20,7 @@ from ckpt.creds import AppRoleAuth, Credentials, KubernetesAuth, VaultFields, Va
 from ckpt.creds.vault.source import vault_address_problem
 from ckpt.creds.vault.token import VaultToken, plan_token, token_from_auth
 from ckpt.domain.errors import ConfigError, CredentialsError
-from fake_vault import FakeVault, RecordingServer, RelayServer
+from support.fake_vault import FakeVault, RecordingServer, RelayServer
 
 ROLE = "ckpt-publisher"
 JWT = "eyJhbGciOiJSUzI1NiJ9.JWT-ONE-c0ffee.sig"

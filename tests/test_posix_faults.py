@@ -28,6 +28,7 @@ from ckpt.domain.entries import Entry
 from ckpt.domain.errors import CkptError, ExistsError, StorageError
 from ckpt.domain.names import format_entry_name
 from support.faulty_syscalls import Call, FaultySyscalls
+from support.saves import make_save
 
 ERRORS = [errno.EIO, errno.ENOSPC, errno.EACCES, errno.EROFS]
 ERROR_IDS = [errno.errorcode[e] for e in ERRORS]
@@ -35,15 +36,6 @@ ERROR_IDS = [errno.errorcode[e] for e in ERRORS]
 SAVE = "exec/a/ck-1"
 ENTRY = Entry(1, 1, SAVE)
 ENTRY_NAME = format_entry_name(ENTRY)
-
-
-def make_save(root: Path, save: str, files: dict[str, bytes] | None = None) -> str:
-    path = root / save
-    path.mkdir(parents=True)
-    for name, data in (files or {"model.bin": b"weights"}).items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_bytes(data)
-    return str(path)
 
 
 def tree(path: Path) -> dict[str, str]:

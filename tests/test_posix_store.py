@@ -22,13 +22,7 @@ from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import ProbesExclusiveCreate
 from ckpt.testing import InMemoryStore
 from support.faulty_syscalls import FaultySyscalls
-
-
-def make_save(root: Path, save: str) -> str:
-    path = root / save
-    path.mkdir(parents=True)
-    (path / "model.bin").write_bytes(b"weights")
-    return str(path)
+from support.saves import make_save
 
 
 @pytest.fixture

@@ -189,12 +189,12 @@ class TestHuggingFaceTrainer:
         assert resumed.state.global_step == 15
 
 
-RANKS_SCRIPT = os.path.join(os.path.dirname(__file__), "support_hf_ranks.py")
-RANKS_ATTEMPT = "1.4101.0"  # support_hf_ranks.ATTEMPT
+RANKS_SCRIPT = os.path.join(os.path.dirname(__file__), "support", "hf_ranks.py")
+RANKS_ATTEMPT = "1.4101.0"  # support.hf_ranks.ATTEMPT
 
 
 class TwoRankRuns:
-    """The two-process Trainer runner (``support_hf_ranks.py``) as a subprocess: one run per request."""
+    """The two-process Trainer runner (``support/hf_ranks.py``) as a subprocess: one run per request."""
 
     def __init__(self, out: Path) -> None:
         env = {

@@ -51,15 +51,6 @@ from ckpt.domain.entries import Entry
 from ckpt.domain.errors import CkptError, ExistsError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name, parse_entry_names
-from harness import Harness
-from s3_support import (
-    REGION,
-    RequestLog,
-    S3Harness,
-    isolate_from_aws_environment,
-    new_bucket_name,
-    raw_client,
-)
 from support.forward_proxy import (
     Delay,
     DropConnection,
@@ -71,6 +62,16 @@ from support.forward_proxy import (
     internal_error,
     slow_down,
 )
+from support.harness import Harness
+from support.s3 import (
+    REGION,
+    RequestLog,
+    S3Harness,
+    isolate_from_aws_environment,
+    new_bucket_name,
+    raw_client,
+)
+from support.saves import put_save
 
 # One label: moto's server takes the first label of a dotted host for a bucket name, so only a single-label
 # host keeps path-style addressing; and no resolver knows it, so a request can only arrive through the proxy.
@@ -163,8 +164,7 @@ class World:
         self.raw.put_object(Bucket=self.bucket, Key=key, Body=data)
 
     def make_save(self, save: str, files: dict[str, bytes]) -> str:
-        for name, data in files.items():
-            self.put(f"{save}/{name}", data)
+        put_save(self.raw, self.bucket, save, files)
         return f"{self.store.root}/{save}"
 
     def publish_raw(self, *entries: Entry) -> None:

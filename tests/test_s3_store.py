@@ -37,7 +37,7 @@ from ckpt.domain.errors import (
 )
 from ckpt.domain.names import format_entry_name
 from ckpt.store import open_store
-from s3_support import (
+from support.s3 import (
     FAKE_ENV,
     RequestLog,
     answer_instead,

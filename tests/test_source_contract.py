@@ -27,7 +27,7 @@ from ckpt.creds import (
 from ckpt.domain.errors import CredentialsError
 from ckpt.testing import StaticCredentialSource
 from ckpt.testing.source_contract import SourceContract
-from fake_vault import FakeVault
+from support.fake_vault import FakeVault
 
 KEY_ID = "AKIDCONTRACT0001"
 SECRET = "contract-SECRET-4242-beef"

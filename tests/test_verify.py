@@ -14,8 +14,8 @@ from ckpt.application.verify import Verified, read_markers, resolve_verified
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import MalformedError
 from ckpt.domain.frameworks import Framework
-from harness import Harness
-from support_trainer import rng_state_bytes
+from support.harness import Harness
+from support.trainer import rng_state_bytes
 
 HF, DCP = Framework.HF, Framework.DCP
 EXEC = "exec/1.4101.0"

@@ -28,9 +28,9 @@ from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, WatchStore
 from ckpt.testing import InMemoryStore
-from harness import Harness
-from s3_support import FAKE_ENV, RequestLog, S3Harness, http_settings, isolate_from_aws_environment
-from support_trainer import SimulatedTrainer, complete_folders, dcp_plan, hf_plan, rng_state_bytes
+from support.harness import Harness
+from support.s3 import FAKE_ENV, RequestLog, S3Harness, http_settings, isolate_from_aws_environment
+from support.trainer import SimulatedTrainer, complete_folders, dcp_plan, hf_plan, rng_state_bytes
 
 HF, DCP = Framework.HF, Framework.DCP
 ATTEMPT = "1.4101.0"
