@@ -34,6 +34,7 @@ from ckpt.store import open_store
 if TYPE_CHECKING:
     from ckpt.domain.frameworks import Framework, parse_framework
     from ckpt.domain.proxy import ProxyRule
+    from ckpt.integrations.core import resume_location
     from ckpt.verify import Verified, resolve_verified
     from ckpt.watcher import Watcher
 
@@ -71,6 +72,7 @@ __all__ = [
     "parse_step",
     "plan_prune",
     "resolve_verified",
+    "resume_location",
     "validate_attempt",
     "validate_save",
 ]
@@ -87,6 +89,7 @@ _LAZY = {
     "Watcher": "ckpt.watcher",
     "Verified": "ckpt.verify",
     "resolve_verified": "ckpt.verify",
+    "resume_location": "ckpt.integrations.core",
 }
 
 
