@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from ckpt.domain.frameworks import Framework
 from ckpt.domain.ports import FileInfo, WatchStore
 from ckpt.testing import InMemoryStore
 from harness import Harness
+from support.integ_kill_writer import BOUNDARIES_PER_SAVE, complete_steps
 
 STATE = json.dumps({"global_step": 1}).encode()
 HF_FILES = {"model.safetensors": b"m" * 64, "trainer_state.json": STATE}
@@ -320,3 +322,70 @@ class TestResumeCommand:
         result = ckpt("resume", "--framework", "hf", "--settle", "-1", env=self.env(tmp_path, "b", 20))
         assert result.returncode == 2
         assert "--settle" in result.stderr
+
+
+KILL_STEPS = [10, 20]
+
+
+def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, "the writer exited before reaching its kill point"
+        assert time.monotonic() < deadline, "the writer never reached its kill point"
+        time.sleep(0.02)
+
+
+class TestKilledAtEveryFileBoundary:
+    """The issue's measurement: trainer and sidecar killed together at every file boundary of the saves."""
+
+    @pytest.mark.parametrize("stop_after", range(len(KILL_STEPS) * BOUNDARIES_PER_SAVE + 1))
+    def test_resume_finds_the_newest_complete_save(self, tmp_path: Path, stop_after: int) -> None:
+        """After a SIGKILL of writer and sidecar, `ckpt resume` prints the newest complete save on disk,
+        and every published save is complete."""
+        root = tmp_path / "root"
+        root.mkdir()
+        store = PosixStore(str(root))
+        record_epoch(store, "a", 10)  # what `ckpt resume` wrote when execution a started
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_"))}
+        env.update({"CKPT_ROOT": str(root), "DISPATCH_EPOCH": "10", "DISPATCH_ATTEMPT": "a"})
+        ready = tmp_path / "ready"
+        tests = Path(__file__).resolve().parent
+        sidecar = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ckpt",
+                "watch",
+                "--framework",
+                "hf",
+                "--interval",
+                "0.1",
+                "--settle",
+                "0.2",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "support.integ_kill_writer", "--saves", store.exec_dir("a"),
+             "--steps", ",".join(map(str, KILL_STEPS)), "--stop-after", str(stop_after),
+             "--ready", str(ready)],
+            cwd=tests,
+        )  # fmt: skip
+        try:
+            _wait_for(ready, writer)
+        finally:
+            for process in (writer, sidecar):  # a node failure: both die at once
+                process.kill()
+                process.wait()
+        complete = complete_steps(KILL_STEPS, stop_after)
+        env.update({"DISPATCH_EPOCH": "20", "DISPATCH_ATTEMPT": "b"})
+        result = subprocess.run(
+            [sys.executable, "-m", "ckpt", "resume", "--framework", "hf", "--settle", "0.2"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        expected = f"{store.exec_dir('a')}/checkpoint-{complete[-1]}\n" if complete else ""
+        assert result.stdout == expected
+        assert [(e.epoch, e.step) for e in store.entries()] == [(10, step) for step in complete]
