@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +148,7 @@ class Publisher:
         self.barrier = _default_barrier if barrier is None else barrier
         self.on_published = on_published
         self.pending: list[_Pending] = []  # saves whose publication failed, retried first (rule 3)
+        self._lock = threading.Lock()  # async saves publish from their executor's thread
         if self.is_main:
             self._record_epoch()
 
@@ -178,6 +180,10 @@ class Publisher:
 
     def publish_now(self, step: int, location: str) -> Entry | None:
         """Publish without a barrier, for a caller that knows every rank is done (an async save's future)."""
+        with self._lock:
+            return self._publish_pending(step, location)
+
+    def _publish_pending(self, step: int, location: str) -> Entry | None:
         self.pending.append(_Pending(step, location))
         published: Entry | None = None
         while self.pending:
