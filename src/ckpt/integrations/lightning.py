@@ -39,7 +39,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
 from ckpt.domain.entries import parse_step
 from ckpt.domain.errors import InvalidError
-from ckpt.integrations.core import Job, Publisher, open_job
+from ckpt.integrations.core import Job, Publisher, newest_with_file, open_job
 
 __all__ = ["CHECKPOINT_FILE", "CkptAsyncCheckpointIO", "CkptModelCheckpoint", "resume_location"]
 
@@ -152,11 +152,5 @@ def resume_location(**settings: Any) -> str | None:
     initialised every rank reads for itself: the answer is a pure read, the same everywhere.
     """
     job = settings.pop("job", None) or open_job(**settings)
-    store = job.store
-    for entry in reversed(store.entries()):
-        location = store.location(entry)
-        if _save_folder_step(f"{location}/{CHECKPOINT_FILE}") is not None and store.exists(
-            location, CHECKPOINT_FILE
-        ):
-            return f"{location.rstrip('/')}/{CHECKPOINT_FILE}"
-    return None
+    found = newest_with_file(job.store, CHECKPOINT_FILE, folder_prefix=_FOLDER_PREFIX)
+    return None if found is None else f"{found.rstrip('/')}/{CHECKPOINT_FILE}"
