@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,7 @@ from ckpt.adapters.posix import PosixStore
 from ckpt.domain.frameworks import Framework
 from ckpt.integrations.core import Publisher, open_job
 from ckpt.verify import resolve_verified
-from support.integ_launch import run_ranks
+from support.integ_launch import TESTS, free_port, run_ranks
 
 pytestmark = [
     pytest.mark.frameworks,
@@ -79,3 +83,46 @@ class TestTwoRanks:
         verified = resolve_verified(store, Framework.HF)
         assert verified.entry is not None
         assert (verified.entry.epoch, verified.entry.step) == (20, 7)
+
+
+def _complete(save: Path) -> bool:
+    try:
+        state = json.loads((save / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and all(
+        (save / n).exists() for n in ("model.safetensors", "rng_state.pth")
+    )
+
+
+class TestKilled:
+    @pytest.mark.parametrize(("kill_at", "expected"), [("4:before-state", 2), ("4:before-publish", 4)])
+    def test_a_real_run_killed_mid_save_loses_no_complete_save(
+        self, tmp_path: Path, kill_at: str, expected: int
+    ) -> None:
+        """SIGKILL mid-save, or between a whole save and its publication: every published save is complete,
+        and the next start's `ckpt resume` publishes and returns the newest complete save."""
+        pytest.importorskip("transformers")
+        root = tmp_path / "root"
+        root.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_"))}
+        env.update({"CKPT_ROOT": str(root), "DISPATCH_EPOCH": "10", "DISPATCH_ATTEMPT": "a"})
+        env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
+        env["MASTER_PORT"] = str(free_port())
+        killed = subprocess.run(
+            [sys.executable, "-m", "support.integ_hf_run", "--out", str(tmp_path / "a.json"),
+             "--max-steps", "8", "--kill-at", kill_at],
+            cwd=TESTS, env=env, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-2000:]
+        store = PosixStore(str(root))
+        assert [e.step for e in store.entries()] == [2]
+        env.update({"DISPATCH_EPOCH": "20", "DISPATCH_ATTEMPT": "b"})
+        resumed = subprocess.run(
+            [sys.executable, "-m", "ckpt", "resume", "--framework", "hf", "--settle", "0.2"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.stdout == f"{root}/exec/a/checkpoint-{expected}\n"
+        assert all(_complete(Path(store.location(e))) for e in store.entries())
+        assert store.entries()[-1].step == expected

@@ -1,9 +1,11 @@
 """One process of a real Hugging Face Trainer run with ``CkptCallback`` on CPU (gloo), for integration tests.
 
 Run as ``python -m support.integ_hf_run --out FILE --max-steps N [--slow-rank R --slow-seconds S]
-[--resume auto|none|PATH] [--jit-at-step N]`` with the launcher's variables set (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and the job's (``CKPT_ROOT``, ``DISPATCH_EPOCH``,
-``DISPATCH_ATTEMPT``).
+[--resume auto|none|PATH] [--jit-at-step N] [--kill-at STEP:before-state|before-publish]`` with the
+launcher's variables set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and
+the job's (``CKPT_ROOT``, ``DISPATCH_EPOCH``, ``DISPATCH_ATTEMPT``). ``--kill-at`` SIGKILLs the process at
+that step's save: after its RNG state and before ``trainer_state.json``, or in ``on_save`` just before
+``CkptCallback`` (the save whole, not yet published).
 Rank ``R`` sleeps before writing its RNG state, the last file of its part of every save, so it is still
 writing after the main process has finished its part. The main process writes ``FILE``: JSON with, for each
 publication, the save's files and sizes at that moment; where it resumed from; the first step it trained.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -47,11 +50,24 @@ class Numbers(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 class SlowRankTrainer(Trainer):
     slow_rank = -1
     slow_seconds = 0.0
+    kill_before_state_at = -1
 
     def _save_rng_state(self, output_dir: str) -> None:
         if self.args.process_index == self.slow_rank:
             time.sleep(self.slow_seconds)
         super()._save_rng_state(output_dir)
+        if self.state.global_step == self.kill_before_state_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-save: every file but trainer_state.json is written
+
+
+class KillBeforePublish(TrainerCallback):  # type: ignore[misc]
+    """Placed before CkptCallback: dies in on_save, after the save is whole and before it is published."""
+
+    step = -1
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class FirstStep(TrainerCallback):  # type: ignore[misc]
@@ -86,6 +102,7 @@ def main() -> None:
     parser.add_argument("--slow-seconds", type=float, default=0.0)
     parser.add_argument("--resume", default="auto")
     parser.add_argument("--jit-at-step", type=int, default=-1, help="save and stop there as a SIGTERM would")
+    parser.add_argument("--kill-at", default="", help="STEP:before-state or STEP:before-publish (SIGKILL)")
     options = parser.parse_args()
 
     published: list[dict[str, Any]] = []
@@ -120,11 +137,17 @@ def main() -> None:
         resume_from = options.resume
     first = FirstStep()
     jit = JitSave()
+    killer = KillBeforePublish()
+    kill_step, _, kill_where = options.kill_at.partition(":")
+    if kill_where == "before-publish":
+        killer.step = int(kill_step)
     trainer = SlowRankTrainer(
-        model=TinyRegressor(), args=args, train_dataset=Numbers(), callbacks=[callback, first, jit]
+        model=TinyRegressor(), args=args, train_dataset=Numbers(), callbacks=[killer, callback, first, jit]
     )
     trainer.slow_rank = options.slow_rank
     trainer.slow_seconds = options.slow_seconds
+    if kill_where == "before-state":
+        trainer.kill_before_state_at = int(kill_step)
     jit.trainer = trainer
     jit.step = options.jit_at_step
     trainer.train(resume_from_checkpoint=resume_from)
