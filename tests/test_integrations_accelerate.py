@@ -51,3 +51,32 @@ class TestTwoProcesses:
         assert zombie.publish(900, str(root / "exec" / "a" / "step-900")) is not None
         newest = newest_with_file(store, "random_states_0.pkl", folder_prefix="step-")
         assert newest == str(root / "exec" / "b" / "step-6")
+
+
+class TestCatchUp:
+    def test_resume_publishes_only_saves_every_process_finished(self, tmp_path: Path) -> None:
+        """A save with every process's RNG state whole is caught up at its epoch and resumed from; one
+        missing a process's file, or with a cut-off pickle, is not."""
+        pytest.importorskip("accelerate")
+        from types import SimpleNamespace
+
+        from ckpt.catchup import record_epoch
+        from ckpt.integrations.accelerate import CkptAccelerate
+
+        store = PosixStore(str(tmp_path))
+        record_epoch(store, "a", 10)
+        pickled = b"\x80\x04K\x01."  # pickle of 1: ends with STOP
+        for step, files in {
+            4: {"random_states_0.pkl": pickled, "random_states_1.pkl": pickled},
+            6: {"random_states_0.pkl": pickled},
+            8: {"random_states_0.pkl": pickled, "random_states_1.pkl": pickled[:-1]},
+        }.items():
+            save = tmp_path / "exec" / "a" / f"step-{step}"
+            save.mkdir(parents=True)
+            for name, data in files.items():
+                (save / name).write_bytes(data)
+        # What CkptAccelerate uses of an Accelerator, for two processes, on the main one.
+        accelerator = SimpleNamespace(num_processes=2, is_main_process=True, wait_for_everyone=lambda: None)
+        saver = CkptAccelerate(accelerator, root=str(tmp_path), epoch=20, attempt="b", environ={})
+        assert saver.resume_location() == str(tmp_path / "exec" / "a" / "step-4")
+        assert [(e.epoch, e.step) for e in store.entries()] == [(10, 4)]

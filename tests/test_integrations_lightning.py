@@ -90,3 +90,50 @@ class TestTwoRanks:
         assert resume_location(root=str(root), epoch=30, attempt="c", environ={}) == str(
             root / "exec" / "b" / "step-6" / "model.ckpt"
         )
+
+
+class TestCatchUp:
+    def _record(self, root: Path, attempt: str, epoch: int) -> None:
+        from ckpt.catchup import record_epoch
+
+        record_epoch(PosixStore(str(root)), attempt, epoch)
+
+    def test_whole_saves_only(self, tmp_path: Path) -> None:
+        """A torch.save file with its zip end record is whole; a truncated one, or a sharded folder without
+        meta.pt, is not."""
+        torch = pytest.importorskip("torch")
+        from ckpt.integrations.lightning import is_whole_save
+
+        store = PosixStore(str(tmp_path))
+        whole = tmp_path / "step-1"
+        whole.mkdir()
+        torch.save({"weights": torch.ones(64)}, whole / "model.ckpt")
+        cut = tmp_path / "step-2"
+        cut.mkdir()
+        (cut / "model.ckpt").write_bytes((whole / "model.ckpt").read_bytes()[:-30])
+        sharded = tmp_path / "step-3" / "model.ckpt"
+        sharded.mkdir(parents=True)
+        (sharded / ".metadata").write_bytes(b"m")
+        assert is_whole_save(store, str(whole))
+        assert not is_whole_save(store, str(cut))
+        assert not is_whole_save(store, str(tmp_path / "step-3"))
+        (sharded / "meta.pt").write_bytes(b"p")
+        assert is_whole_save(store, str(tmp_path / "step-3"))
+
+    def test_resume_publishes_what_the_dead_execution_left(self, tmp_path: Path) -> None:
+        """The next start publishes a whole unpublished save at the dead execution's epoch and resumes
+        from it; a cut-off save is left alone."""
+        torch = pytest.importorskip("torch")
+        from ckpt.integrations.lightning import resume_location
+
+        self._record(tmp_path, "a", 10)
+        whole = tmp_path / "exec" / "a" / "step-8"
+        whole.mkdir(parents=True)
+        torch.save({"global_step": 8}, whole / "model.ckpt")
+        cut = tmp_path / "exec" / "a" / "step-9"
+        cut.mkdir()
+        (cut / "model.ckpt").write_bytes((whole / "model.ckpt").read_bytes()[:100])
+        assert resume_location(root=str(tmp_path), epoch=20, attempt="b", environ={}) == str(
+            whole / "model.ckpt"
+        )
+        assert [(e.epoch, e.step) for e in PosixStore(str(tmp_path)).entries()] == [(10, 8)]

@@ -12,6 +12,8 @@ integration's resume helper), built on the public ``WatchStore`` port, the frame
    markers are complete to settle (the writer may be a zombie still writing). The watchers run side by side,
    so a catch-up takes at most one settle time however many folders it looks into.
 3. :func:`resume` then resolves, verified against the framework's rule.
+4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Lightning, Accelerate):
+   the caller says when a save is whole; there is no settle, so that must be a real completion check.
 
 docs/adr/0011-catch-up-on-resume.md says why, and why publishing an older execution's saves is safe.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import attrs
@@ -32,14 +35,23 @@ from ckpt.domain.catchup import (
     parse_epoch_record,
     plan_catch_up,
 )
-from ckpt.domain.entries import Entry, validate_attempt
-from ckpt.domain.errors import InvalidError, MalformedError
+from ckpt.domain.entries import Entry, parse_step, validate_attempt
+from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.ports import WatchStore
 from ckpt.verify import resolve_verified
 from ckpt.watcher import Watcher
 
-__all__ = ["DEFAULT_SETTLE", "CaughtUp", "Resumed", "catch_up", "read_epoch_record", "record_epoch", "resume"]
+__all__ = [
+    "DEFAULT_SETTLE",
+    "CaughtUp",
+    "Resumed",
+    "catch_up",
+    "catch_up_folders",
+    "read_epoch_record",
+    "record_epoch",
+    "resume",
+]
 
 _log = logging.getLogger("ckpt.catchup")
 
@@ -147,6 +159,9 @@ def catch_up(
             interval=settle or 1.0,
             settle=settle,
             scan_timeout=scan_timeout,
+            # When the hf rule takes the world size (every rng_state_<i>.pth whole), pass it here and to
+            # resolve_verified below: catch_up/resume gain a world_size argument, hf.resume_location
+            # passes args.world_size, and `ckpt resume` a --world-size option.
         )
         for target in plan.targets
     ]
@@ -165,6 +180,51 @@ def catch_up(
     for entry in sorted(published):
         _log.info("caught up: epoch %d step %d %s", entry.epoch, entry.step, store.location(entry))
     return CaughtUp(tuple(sorted(published)), plan.passed, plan)
+
+
+def catch_up_folders(
+    store: WatchStore,
+    is_complete: Callable[[WatchStore, str], bool],
+    *,
+    folder_prefix: str,
+    attempt: str,
+    epoch: int,
+) -> CaughtUp:
+    """Catch up saves named ``<folder_prefix><step>`` for a framework without a watcher rule.
+
+    The same plan as :func:`catch_up`; a save is published when ``is_complete(store, location)`` says so.
+    There is no settle time, so ``is_complete`` must recognise a save that is whole (a zip's end record, a
+    marker written last by every process), not merely present. A save already published, at any epoch, is
+    left alone.
+    """
+    validate_attempt(attempt)
+    entries = store.entries()
+    plan = plan_catch_up(attempt, epoch, _records(store, attempt), entries)
+    published_locations = {store.location(entry).rstrip("/") for entry in entries}
+    sync_save: Callable[[str], None] | None = getattr(store, "sync_save", None)
+    created: list[Entry] = []
+    for target in plan.targets:
+        for folder in store.folders(store.exec_dir(target.attempt)):
+            if not folder.name.startswith(folder_prefix):
+                continue
+            try:
+                step = parse_step(folder.name[len(folder_prefix) :])
+            except InvalidError:
+                continue
+            location = folder.location.rstrip("/")
+            if location in published_locations or not is_complete(store, location):
+                continue
+            try:
+                if sync_save is not None:
+                    sync_save(location)
+                created.append(store.publish(target.epoch, step, location))
+            except (ExistsError, NotFoundError):
+                continue  # published meanwhile, or deleted meanwhile
+    for passed in plan.passed:
+        _log.info("catch-up passes over %s: %s", store.exec_dir(passed.attempt), passed.reason)
+    for entry in sorted(created):
+        _log.info("caught up: epoch %d step %d %s", entry.epoch, entry.step, store.location(entry))
+    return CaughtUp(tuple(sorted(created)), plan.passed, plan)
 
 
 @attrs.frozen

@@ -20,8 +20,10 @@ Rules (from Accelerate's source, docs/integrations/accelerate.md):
    (``wait_for_everyone``), then publishes on the main process.
 2. Saves go to ``<root>/exec/<attempt>/step-<step>``: Accelerate's own automatic naming counts saves, not
    steps, and its ``total_limit`` deletes *before* saving, so neither is used.
-3. There is no watcher rule for Accelerate, so the resume is a pure read without a catch-up: the newest
-   published save whose ``random_states_0.pkl`` is still there.
+3. Resuming first publishes, under their own epochs, the whole saves earlier executions never published:
+   there is no watcher rule for Accelerate, so "whole" is every process's ``random_states_<i>.pkl`` (the
+   last file each writes) present and ending with the pickle STOP opcode, for the current number of
+   processes. Then the newest published save whose ``random_states_0.pkl`` is still there.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from typing import Any
 
 from ckpt.domain.entries import parse_step
 from ckpt.domain.errors import InvalidError
-from ckpt.integrations.core import Job, Publisher, newest_with_file, open_job
+from ckpt.domain.ports import WatchStore
+from ckpt.integrations.core import Job, Publisher, newest_with_file, on_main_then_broadcast, open_job
 
 __all__ = ["CkptAccelerate"]
 
@@ -77,9 +80,36 @@ class CkptAccelerate:
         self.publisher.publish(int(step), location)
         return location
 
-    def resume_location(self) -> str | None:
-        """The newest published save still on disk, or ``None`` on a first run (rule 3)."""
-        return newest_with_file(self.job.store, _ALWAYS_WRITTEN, folder_prefix=_FOLDER_PREFIX)
+    def is_whole_save(self, store: WatchStore, location: str) -> bool:
+        """Whether a ``step-<step>`` save is whole: every process's ``random_states_<i>.pkl``, the last file
+        it writes, is there and ends with the pickle STOP opcode (for the current number of processes)."""
+        for index in range(int(self.accelerator.num_processes)):
+            data = store.read_file(location, f"random_states_{index}.pkl")
+            if not data or not data.endswith(b"."):
+                return False
+        return True
+
+    def resume_location(self, *, catch_up: bool = True) -> str | None:
+        """Catch up earlier executions, then the newest published save still on disk; ``None`` at first.
+
+        Rank 0 does it and every process gets the answer (rule 3).
+        """
+
+        def compute() -> str | None:
+            store = self.job.store
+            if catch_up:
+                from ckpt.catchup import catch_up_folders
+
+                catch_up_folders(
+                    store,
+                    self.is_whole_save,
+                    folder_prefix=_FOLDER_PREFIX,
+                    attempt=self.job.attempt,
+                    epoch=self.job.epoch,
+                )
+            return newest_with_file(store, _ALWAYS_WRITTEN, folder_prefix=_FOLDER_PREFIX)
+
+        return on_main_then_broadcast(compute)
 
     def load_latest(self) -> int:
         """Load the state of :meth:`resume_location` and return its step, or return 0 on a first run."""

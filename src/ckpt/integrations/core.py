@@ -40,7 +40,15 @@ from ckpt.domain.frameworks import Framework, parse_framework
 if TYPE_CHECKING:
     from ckpt.domain.ports import WatchStore
 
-__all__ = ["Job", "Publisher", "distributed", "newest_with_file", "open_job", "resume_location"]
+__all__ = [
+    "Job",
+    "Publisher",
+    "distributed",
+    "newest_with_file",
+    "on_main_then_broadcast",
+    "open_job",
+    "resume_location",
+]
 
 _log = logging.getLogger("ckpt.integrations")
 
@@ -239,12 +247,8 @@ def resume_location(
     """
     rule = framework if isinstance(framework, Framework) else parse_framework(framework)
     the_job = job if job is not None else open_job(**settings)
-    dist = distributed()
-    if dist is not None and dist.get_rank() != 0:
-        answer: list[object] = [None]
-        dist.broadcast_object_list(answer, src=0)
-        return _unpack(answer[0])
-    try:
+
+    def compute() -> str | None:
         from ckpt.catchup import resume
 
         resumed = resume(
@@ -255,7 +259,23 @@ def resume_location(
             settle=settle,
             catch_up_first=catch_up,
         )
-        outcome: object = resumed.location
+        return resumed.location
+
+    return on_main_then_broadcast(compute)
+
+
+def on_main_then_broadcast(compute: Callable[[], str | None]) -> str | None:
+    """Run ``compute`` on rank 0 and hand its answer (or its failure) to every rank (rule 5).
+
+    Without an initialised ``torch.distributed`` group of several processes, it simply runs ``compute``.
+    """
+    dist = distributed()
+    if dist is not None and dist.get_rank() != 0:
+        answer: list[object] = [None]
+        dist.broadcast_object_list(answer, src=0)
+        return _unpack(answer[0])
+    try:
+        outcome: object = compute()
     except Exception as exc:  # noqa: BLE001 - the other ranks must hear of it too; raised below
         outcome = exc
     if dist is not None:

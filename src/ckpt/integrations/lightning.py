@@ -24,9 +24,9 @@ Rules (from Lightning's source, docs/integrations/lightning.md):
    not exist yet). Async IO is for single-file strategies (only the main process writes).
 5. ``save_top_k`` defaults to -1 (keep all): Lightning's own deletions would leave published folders empty;
    prune with ``ckpt prune`` instead.
-6. There is no watcher rule for Lightning yet, so :func:`resume_location` resolves without a catch-up: a
-   save whose publication the crash interrupted (a moment after the barrier, or while an async write was
-   running) is not recovered at the next start.
+6. :func:`resume_location` first catches up what earlier executions wrote but never published (a crash a
+   moment after the barrier, or during an async write) with :func:`is_whole_save` as the completion check,
+   since there is no watcher rule for Lightning; then it resolves.
 """
 
 from __future__ import annotations
@@ -39,12 +39,21 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
 from ckpt.domain.entries import parse_step
 from ckpt.domain.errors import InvalidError
+from ckpt.domain.ports import WatchStore
 from ckpt.integrations.core import Job, Publisher, newest_with_file, open_job
 
-__all__ = ["CHECKPOINT_FILE", "CkptAsyncCheckpointIO", "CkptModelCheckpoint", "resume_location"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "CkptAsyncCheckpointIO",
+    "CkptModelCheckpoint",
+    "is_whole_save",
+    "resume_location",
+]
 
 CHECKPOINT_FILE = "model.ckpt"
 _FOLDER_PREFIX = "step-"
+_ZIP_END_RECORD = b"PK\x05\x06"
+_ZIP_TAIL = 22 + 65535  # the end record is within the last 22 bytes plus the longest zip comment
 
 
 def _save_folder_step(filepath: str) -> tuple[str, int] | None:
@@ -144,13 +153,38 @@ class CkptModelCheckpoint(ModelCheckpoint):  # type: ignore[misc,unused-ignore] 
         self.publisher.publish_now(step, folder)
 
 
-def resume_location(**settings: Any) -> str | None:
-    """The ``ckpt_path`` to pass to ``trainer.fit``: the newest published save still on disk, or ``None``.
+def is_whole_save(store: WatchStore, location: str) -> bool:
+    """Whether the ``step-<step>`` save at ``location`` is whole: the catch-up's completion check.
 
-    Newest entry first, the first whose ``model.ckpt`` still exists wins (Lightning's or a person's
-    deletions may have removed a published one). No catch-up (rule 6). With ``torch.distributed``
-    initialised every rank reads for itself: the answer is a pure read, the same everywhere.
+    A single file: ``model.ckpt`` ends with a zip end-of-central-directory record (``torch.save`` writes it
+    last; Lightning stages in ``$TMPDIR`` and, across file systems, copies into place, so a file can be
+    seen growing). A sharded save: ``model.ckpt/.metadata`` (DCP renames it in after every rank) and
+    ``model.ckpt/meta.pt`` (written by the main process after it) are both there.
+    """
+    data = store.read_file(location, CHECKPOINT_FILE)
+    if data is None:
+        return store.exists(location, f"{CHECKPOINT_FILE}/.metadata") and store.exists(
+            location, f"{CHECKPOINT_FILE}/meta.pt"
+        )
+    return _ZIP_END_RECORD in data[-_ZIP_TAIL:]
+
+
+def resume_location(*, catch_up: bool = True, **settings: Any) -> str | None:
+    """The ``ckpt_path`` to pass to ``trainer.fit``, or ``None`` on a first run.
+
+    First publishes, under their own epochs, the whole saves earlier executions never published
+    (:func:`is_whole_save`; no settle); then returns the newest published ``model.ckpt`` still on disk. It
+    is usually called before ``fit`` sets up the process group, so every rank does this itself: the checks
+    are deterministic on a dead execution's files and an existing entry counts as published, so every rank
+    gets the same answer. ``settings`` are :func:`~ckpt.integrations.core.open_job`'s, or ``job=``.
     """
     job = settings.pop("job", None) or open_job(**settings)
+    if catch_up:
+        from ckpt.catchup import catch_up_folders, record_epoch
+
+        record_epoch(job.store, job.attempt, job.epoch)
+        catch_up_folders(
+            job.store, is_whole_save, folder_prefix=_FOLDER_PREFIX, attempt=job.attempt, epoch=job.epoch
+        )
     found = newest_with_file(job.store, CHECKPOINT_FILE, folder_prefix=_FOLDER_PREFIX)
     return None if found is None else f"{found.rstrip('/')}/{CHECKPOINT_FILE}"
