@@ -40,6 +40,14 @@ class TestOptions:
         assert saver.checkpoint_id(5) == f"{tmp_path}/exec/a/step-5"
         assert step_of(saver.checkpoint_id(5)) == 5
 
+    def test_made_before_the_process_group_is_refused(self, tmp_path: Path) -> None:
+        """With several processes and no process group yet, every rank would publish: refused."""
+        pytest.importorskip("torch")
+        from ckpt.integrations.dcp import CkptDCP
+
+        with pytest.raises(InvalidError, match="init_process_group"):
+            CkptDCP(root=str(tmp_path), epoch=1, attempt="a", environ={"WORLD_SIZE": "2"})
+
 
 class TestTwoRanks:
     def test_async_saves_publish_when_whole_resume_and_fence_a_zombie(self, tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ Rules (from torch's source, docs/integrations/dcp.md):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.frameworks import Framework, save_step
-from ckpt.integrations.core import Job, Publisher, open_job
+from ckpt.integrations.core import Job, Publisher, distributed, open_job
 from ckpt.integrations.core import resume_location as _resume_location
 
 __all__ = ["CkptDCP", "resume_location", "step_of"]
@@ -52,6 +53,13 @@ class CkptDCP:
     def __init__(
         self, *, job: Job | None = None, publisher_options: dict[str, Any] | None = None, **settings: Any
     ):
+        environ = settings.get("environ") or os.environ
+        if distributed() is None and int(environ.get("WORLD_SIZE") or "1") > 1:
+            # Which process publishes is decided now: before the group exists every rank would think it is
+            # the main one.
+            raise InvalidError(
+                "make CkptDCP after init_process_group: WORLD_SIZE > 1 but no process group yet"
+            )
         self.job = job if job is not None else open_job(**settings)
         # No barrier: DCP's own last collective is the barrier (rules 2, 3).
         self.publisher = Publisher(self.job, barrier=lambda: None, **(publisher_options or {}))
