@@ -11,7 +11,7 @@ import pytest
 
 from ckpt.catchup import read_epoch_record
 from ckpt.domain.entries import Entry
-from ckpt.domain.errors import InvalidError, StorageError
+from ckpt.domain.errors import InvalidError, NotFoundError, StorageError
 from ckpt.integrations.core import Publisher, open_job, resume_location
 from ckpt.testing import InMemoryStore
 
@@ -75,6 +75,13 @@ class TestOpenJob:
 
 
 class TestPublisher:
+    def test_a_missing_root_is_an_error_when_made(self, tmp_path: Path) -> None:
+        """The main process's publisher refuses a root that does not exist, and does not create it."""
+        job = open_job(root=str(tmp_path / "missing"), epoch=1, attempt="a", environ={})
+        with pytest.raises(NotFoundError):
+            Publisher(job, is_main=True)
+        assert not (tmp_path / "missing").exists()
+
     def test_barrier_comes_before_the_publication(self) -> None:
         """The main process publishes only after the barrier returned."""
         store = InMemoryStore()

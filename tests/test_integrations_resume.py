@@ -324,6 +324,14 @@ class TestResumeCommand:
         assert len(result.stderr.strip().splitlines()) == 1
         assert result.stdout == ""
 
+    def test_a_missing_root_is_an_error_and_is_not_created(self, tmp_path: Path) -> None:
+        """A mistyped root fails with exit 1 instead of being created by the epoch record."""
+        missing = tmp_path / "no-such-root"
+        result = ckpt("resume", "--framework", "hf", env=self.env(missing, "b", 20))
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.startswith("ckpt: ")
+        assert not missing.exists()
+
     def test_bad_settle_is_a_usage_error(self, tmp_path: Path) -> None:
         """A settle time that is not a plain number of seconds is refused with exit 2."""
         result = ckpt("resume", "--framework", "hf", "--settle", "-1", env=self.env(tmp_path, "b", 20))

@@ -21,6 +21,7 @@ docs/adr/0011-catch-up-on-resume.md says why, and why publishing an older execut
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +77,9 @@ def _write_record(store: WatchStore, folder: str, data: bytes) -> bool:
         return True
     if folder.startswith("/"):
         from ckpt.adapters.local_files import write_file_atomically
+
+        if not os.path.isdir(store.root):  # never create a mistyped root by writing the record
+            raise NotFoundError(f"the root {store.root} does not exist", location=store.root)
 
         write_file_atomically(folder, EPOCH_RECORD, data)
         return True

@@ -169,8 +169,8 @@ class Publisher:
         try:
             record_epoch(self.job.store, self.job.attempt, self.job.epoch)
         except CkptError as exc:
-            if isinstance(exc, InvalidError):
-                raise
+            if isinstance(exc, InvalidError | NotFoundError):
+                raise  # a configuration mistake (no such root): say so now, not at the first save
             _log.error(
                 "cannot record the epoch of %s (catch-up will use its entries): %s", self.job.attempt, exc
             )
