@@ -142,6 +142,15 @@ class TestPublisher:
         with pytest.raises(InvalidError):
             publisher.publish(10, "memory://elsewhere/exec/a/checkpoint-10")
 
+    def test_a_refused_save_does_not_block_the_next_ones(self) -> None:
+        """After a save outside the root was refused, the next save is published normally."""
+        store = InMemoryStore()
+        publisher = Publisher(open_job(store=store, epoch=5, attempt="a", environ={}), is_main=True)
+        with pytest.raises(InvalidError):
+            publisher.publish(10, "memory://elsewhere/exec/a/checkpoint-10")
+        assert publisher.publish(20, make_save(store, "a", 20)) is not None
+        assert [e.step for e in store.entries()] == [20]
+
     def test_a_vanished_save_is_dropped(self) -> None:
         """A pending save that the framework deleted meanwhile is dropped, the next one published."""
         store = FlakyStore(failures=1)

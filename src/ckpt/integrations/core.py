@@ -198,7 +198,8 @@ class Publisher:
             item = self.pending[0]
             try:
                 entry = self._publish_one(item)
-            except (InvalidError, ExistsError):
+            except InvalidError:
+                self.pending.pop(0)  # refused for good: raise it once, and let the next saves through
                 raise
             except NotFoundError as exc:
                 _log.warning("save vanished before it could be published: %s (%s)", item.location, exc)
