@@ -120,6 +120,20 @@ class TestCatchUp:
         (sharded / "meta.pt").write_bytes(b"p")
         assert is_whole_save(store, str(tmp_path / "step-3"))
 
+    def test_a_big_checkpoint_is_judged_by_its_tail(self, tmp_path: Path) -> None:
+        """A 96 MiB (sparse) file is whole when its last bytes hold the zip end record, and not otherwise."""
+        pytest.importorskip("lightning")
+        from ckpt.integrations.lightning import is_whole_save
+
+        save = tmp_path / "step-1"
+        save.mkdir()
+        with (save / "model.ckpt").open("wb") as f:
+            f.truncate(96 << 20)
+        assert not is_whole_save(PosixStore(str(tmp_path)), str(save))
+        with (save / "model.ckpt").open("ab") as f:
+            f.write(b"PK\x05\x06" + bytes(18))
+        assert is_whole_save(PosixStore(str(tmp_path)), str(save))
+
     def test_resume_publishes_what_the_dead_execution_left(self, tmp_path: Path) -> None:
         """The next start publishes a whole unpublished save at the dead execution's epoch and resumes
         from it; a cut-off save is left alone."""

@@ -38,7 +38,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
 from ckpt.domain.entries import parse_step
-from ckpt.domain.errors import InvalidError
+from ckpt.domain.errors import InvalidError, StorageError
 from ckpt.domain.ports import WatchStore
 from ckpt.integrations.core import Job, Publisher, newest_with_file, open_job
 
@@ -161,12 +161,29 @@ def is_whole_save(store: WatchStore, location: str) -> bool:
     seen growing). A sharded save: ``model.ckpt/.metadata`` (DCP renames it in after every rank) and
     ``model.ckpt/meta.pt`` (written by the main process after it) are both there.
     """
-    data = store.read_file(location, CHECKPOINT_FILE)
-    if data is None:
+    tail = _tail(store, location)
+    if tail is None:
         return store.exists(location, f"{CHECKPOINT_FILE}/.metadata") and store.exists(
             location, f"{CHECKPOINT_FILE}/meta.pt"
         )
-    return _ZIP_END_RECORD in data[-_ZIP_TAIL:]
+    return _ZIP_END_RECORD in tail
+
+
+def _tail(store: WatchStore, location: str) -> bytes | None:
+    """The end of ``model.ckpt``, or ``None`` when it is not a file (absent, or a sharded save's folder).
+
+    On POSIX only the last bytes are read, whatever the size; elsewhere the store reads the file, and a
+    file too big for it counts as not whole (a save the catch-up cannot judge stays unpublished).
+    """
+    if location.startswith("/"):
+        from ckpt.adapters.local_files import read_tail
+
+        return read_tail(location, CHECKPOINT_FILE, _ZIP_TAIL)
+    try:
+        data = store.read_file(location, CHECKPOINT_FILE)
+    except StorageError:
+        return b""
+    return None if data is None else data[-_ZIP_TAIL:]
 
 
 def resume_location(*, catch_up: bool = True, **settings: Any) -> str | None:
