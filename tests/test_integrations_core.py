@@ -182,3 +182,25 @@ def test_import_ckpt_imports_no_framework() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "[]"
+
+
+class SaveMissingError(InvalidError, FileNotFoundError):
+    """The shape of SPEC §4's missing-save error: the caller's mistake, and a missing file."""
+
+
+class TestVanishedSave:
+    @pytest.mark.parametrize(
+        ("error", "vanished"),
+        [
+            (SaveMissingError("save memory://root/exec/a/checkpoint-1 does not exist"), True),
+            (NotFoundError("save does not exist", location="memory://root/exec/a/checkpoint-1/"), True),
+            (NotFoundError("the root does not exist", location="memory://root"), False),
+            (StorageError("the store is down", location="memory://root/exec/a/checkpoint-1"), False),
+            (InvalidError("not under the root"), False),
+        ],
+    )
+    def test_only_a_missing_save_counts(self, error: Exception, vanished: bool) -> None:
+        """A missing save is dropped from the pending list; a missing root or an outage is not."""
+        from ckpt.catchup import is_vanished_save
+
+        assert is_vanished_save(error, "memory://root/exec/a/checkpoint-1") is vanished

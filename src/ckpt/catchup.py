@@ -37,7 +37,7 @@ from ckpt.domain.catchup import (
     plan_catch_up,
 )
 from ckpt.domain.entries import Entry, parse_step, validate_attempt
-from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError
+from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError, NotFoundError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.ports import WatchStore
 from ckpt.verify import resolve_verified
@@ -49,6 +49,7 @@ __all__ = [
     "Resumed",
     "catch_up",
     "catch_up_folders",
+    "is_vanished_save",
     "read_epoch_record",
     "record_epoch",
     "resume",
@@ -58,6 +59,22 @@ _log = logging.getLogger("ckpt.catchup")
 
 DEFAULT_SETTLE = 10.0  # the sidecar's default interval, hence its default hf settle time
 DEFAULT_SCAN_TIMEOUT = 120.0
+
+
+def is_vanished_save(exc: BaseException, location: str) -> bool:
+    """True when ``exc``, raised publishing the save at ``location``, says that save does not exist.
+
+    A missing save is a ``FileNotFoundError`` of ours: an ``InvalidError`` (the caller's mistake, SPEC §4) or
+    a ``NotFoundError`` naming the save itself; a ``NotFoundError`` naming the root is an outage instead.
+    """
+    # By the class's MRO: an InvalidError that is also a FileNotFoundError exists where SPEC §4's missing-save
+    # error does (SaveNotFoundError), and a type checker that does not know it would call the test impossible.
+    if not isinstance(exc, CkptError) or FileNotFoundError not in type(exc).__mro__:
+        return False
+    if isinstance(exc, InvalidError):
+        return True
+    where = getattr(exc, "location", None)
+    return isinstance(where, str) and where.rstrip("/") == location.rstrip("/")
 
 
 def _exec_parent(store: WatchStore, attempt: str) -> str:
@@ -222,8 +239,12 @@ def catch_up_folders(
                 if sync_save is not None:
                     sync_save(location)
                 created.append(store.publish(target.epoch, step, location))
-            except (ExistsError, NotFoundError):
-                continue  # published meanwhile, or deleted meanwhile
+            except ExistsError:
+                continue  # published meanwhile
+            except CkptError as exc:
+                if not is_vanished_save(exc, location):
+                    raise
+                _log.warning("save vanished before it could be published: %s", location)
     for passed in plan.passed:
         _log.info("catch-up passes over %s: %s", store.exec_dir(passed.attempt), passed.reason)
     for entry in sorted(created):

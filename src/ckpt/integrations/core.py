@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ckpt.catchup import is_vanished_save
 from ckpt.domain.entries import Entry, parse_epoch, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, NotFoundError
 from ckpt.domain.frameworks import Framework, parse_framework
@@ -198,15 +199,15 @@ class Publisher:
             item = self.pending[0]
             try:
                 entry = self._publish_one(item)
-            except InvalidError:
-                self.pending.pop(0)  # refused for good: raise it once, and let the next saves through
-                raise
-            except NotFoundError as exc:
-                _log.warning("save vanished before it could be published: %s (%s)", item.location, exc)
-                self.pending.pop(0)
-                continue
             except CkptError as exc:
-                _log.error(
+                if is_vanished_save(exc, item.location):  # deleted meanwhile (the framework's retention)
+                    _log.warning("save vanished before it could be published: %s (%s)", item.location, exc)
+                    self.pending.pop(0)
+                    continue
+                if isinstance(exc, InvalidError):
+                    self.pending.pop(0)  # refused for good: raise it once, and let the next saves through
+                    raise
+                _log.error(  # an outage: keep it, retry before the next save
                     "could not publish %s (will retry at the next save; the next start catches it up): %s",
                     item.location,
                     exc,
