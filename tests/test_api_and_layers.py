@@ -47,6 +47,7 @@ PUBLIC_API = [
     "parse_step",
     "plan_prune",
     "resolve_verified",
+    "resume_location",
     "validate_attempt",
     "validate_save",
 ]

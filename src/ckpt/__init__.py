@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ckpt.application.watcher import Watcher
     from ckpt.domain.frameworks import Framework, parse_framework
     from ckpt.domain.proxy import ProxyRule
+    from ckpt.integrations.core import resume_location
 
 __all__ = [
     "CkptError",
@@ -75,6 +76,7 @@ __all__ = [
     "parse_step",
     "plan_prune",
     "resolve_verified",
+    "resume_location",
     "validate_attempt",
     "validate_save",
 ]
@@ -91,6 +93,7 @@ _LAZY = {
     "Watcher": "ckpt.application.watcher",
     "Verified": "ckpt.application.verify",
     "resolve_verified": "ckpt.application.verify",
+    "resume_location": "ckpt.integrations.core",
 }
 
 

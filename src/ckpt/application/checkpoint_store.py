@@ -37,7 +37,7 @@ from ckpt.domain.entries import PUB_DIR_NAME, Entry
 from ckpt.domain.errors import ExistsError, MalformedError, StorageError
 from ckpt.domain.journal import format_journal, parse_journal
 from ckpt.domain.locator import Locator
-from ckpt.domain.names import LatestEntryScan, format_entry_name, latest_entry_name, parse_entry_names
+from ckpt.domain.names import LatestEntryScan, format_entry_name, latest_entry_of_names, parse_entry_names
 from ckpt.domain.ports import (
     FileInfo,
     Folder,
@@ -131,7 +131,7 @@ class CheckpointStore:
                 return scan.result()
             except MalformedError:
                 pass  # the plain listing reports it precisely
-        return latest_entry_name(self._log.list_names())
+        return latest_entry_of_names(self._log.list_names())
 
     # -- prune -----------------------------------------------------------------------------------------
 

@@ -29,8 +29,8 @@ from ckpt.domain.frameworks import (
     FileTail,
     Framework,
     Markers,
-    check_markers,
     check_zip_tail,
+    markers_problem,
     rank_files,
     save_step,
 )
@@ -76,7 +76,7 @@ def read_markers(
         return Markers()  # the sentinel cannot change the verdict; spare the request
     markers = Markers(trainer_state=state, incomplete_sentinel=store.exists(location, INCOMPLETE_SENTINEL))
     names = rank_files(framework, world_size)
-    if names and check_markers(framework, markers) is None:
+    if names and markers_problem(framework, markers) is None:
         markers = attrs.evolve(markers, rank_states=read_rank_states(store, location, names, files))
     return markers
 
@@ -121,7 +121,7 @@ def _why_not(store: WatchStore, framework: Framework, entry: Entry, world_size: 
         return f"not a {framework} save folder name ({framework.folder_pattern}): {name!r}"
     location = store.location(entry)
     markers = read_markers(store, framework, location, world_size=world_size)
-    reason = check_markers(framework, markers, world_size=world_size)
+    reason = markers_problem(framework, markers, world_size=world_size)
     if reason is not None and not _folder_exists(store, location):
         # Only now pay for a listing of the parent: a missing folder is the likelier story, and the
         # better reason to print.

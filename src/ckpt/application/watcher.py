@@ -45,10 +45,10 @@ from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNot
 from ckpt.domain.frameworks import (
     Framework,
     Listing,
-    check_markers,
     check_world_size,
     default_settle,
     judge_save,
+    markers_problem,
     rank_files,
     save_folders,
 )
@@ -184,7 +184,7 @@ class Watcher:
 
     def _is_complete(self, location: str) -> bool:
         markers = read_markers(self.store, self.framework, location)
-        markers_pass = check_markers(self.framework, markers) is None  # all but the ranks' files
+        markers_pass = markers_problem(self.framework, markers) is None  # all but the ranks' files
         listing = None
         if markers_pass and self.framework is Framework.HF and (self.settle > 0 or self._rank_files):
             started = self.clock()

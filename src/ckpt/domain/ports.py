@@ -42,6 +42,7 @@ __all__ = [
     "Store",
     "SyncsSaves",
     "WatchStore",
+    "WritesSmallFiles",
 ]
 
 
@@ -282,6 +283,18 @@ class SaveTree(Protocol):
         raises ``StorageError`` naming the folder; objects the storage refuses to delete are reported in
         the outcome instead, and the other saves are still removed.
         """
+        ...
+
+
+@runtime_checkable
+class WritesSmallFiles(Protocol):
+    """Optional capability of a store: write one small file next to the saves (the fake's ``write_file``).
+
+    Catch-up uses it for an execution's epoch record (docs/adr/0011-catch-up-on-resume.md).
+    """
+
+    def write_file(self, location: str, name: str, data: bytes) -> None:
+        """Write ``name`` inside the folder at ``location`` (creating folders), replacing any old content."""
         ...
 
 

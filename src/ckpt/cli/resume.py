@@ -1,0 +1,132 @@
+"""``ckpt resume``: where a job starting now should resume from, after catching up earlier executions.
+
+Rules:
+
+1. Arguments: ``--framework hf|dcp``; the epoch from ``--epoch | DISPATCH_EPOCH`` and the attempt from
+   ``--attempt | DISPATCH_ATTEMPT`` (both required: the command records this execution's epoch);
+   ``--settle`` (seconds; default 10 for ``hf``, 0 for ``dcp``) and ``--scan-timeout`` (120) as for ``watch``;
+   ``--no-catch-up`` makes it a verified resolve that prints nothing on a first run.
+2. It records this execution's epoch in ``exec/<attempt>/.ckpt-epoch``, publishes the complete saves earlier
+   executions never published (under their own epochs), then resolves against the framework's rule.
+3. Output: the location to resume from and a newline, or **nothing**, with exit 0 either way, so a job
+   script needs no branch on the exit code: ``R=$(ckpt resume --framework hf)``. Each caught-up save and each
+   execution folder passed over is a log line on stderr (``--log-level``), and each entry the verified
+   resolve skipped is a ``ckpt: skipped ...`` line, as for ``resolve --framework``.
+4. ``--json``: ``{"location": str | null, "entry": entry | null, "caught_up": [entry],
+   "passed": [{"attempt": str, "reason": str}], "skipped": [{"entry": entry, "reason": str}]}``.
+5. Errors (storage, credentials, a malformed log) end it with the CLI's usual one line and exit code: a job
+   must not silently start from scratch because the store could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import IO, Any, Protocol
+
+from ckpt.domain.errors import InvalidError
+from ckpt.domain.ports import WatchStore
+
+__all__ = ["register"]
+
+# Rule 1: a plain decimal number of seconds (no sign, exponent, inf or nan).
+
+
+class _Context(Protocol):
+    """What the CLI core hands a command (``ckpt.cli.Context``), as far as ``resume`` uses it."""
+
+    args: argparse.Namespace
+    environ: Mapping[str, str]
+    stdout: IO[str]
+    stderr: IO[str]
+
+    def store(self) -> WatchStore: ...
+
+    def say(self, line: str) -> None: ...
+
+    def warn(self, line: str) -> None: ...
+
+
+def register(commands: Any) -> None:
+    """Add the ``resume`` sub-command to the CLI's sub-parsers."""
+    p: argparse.ArgumentParser = commands.add_parser(
+        "resume",
+        help="catch up earlier executions, then print where to resume from (nothing on a first run)",
+        description=(
+            "Record this execution's epoch, publish the complete saves earlier executions never published, "
+            "and print the location of the newest complete save, or nothing when there is none (exit 0)."
+        ),
+    )
+    p.add_argument("--framework", required=True, choices=("hf", "dcp"), help="save layout and rule")
+    p.add_argument("--attempt", help="this execution's attempt (DISPATCH_ATTEMPT)")
+    p.add_argument("--epoch", help="this execution's epoch (DISPATCH_EPOCH)")
+    p.add_argument("--settle", metavar="SECONDS", help="settle time for saves a zombie may still write")
+    p.add_argument(
+        "--scan-timeout", metavar="SECONDS", help="give up on a scan after this long (default 120)"
+    )
+    p.add_argument(
+        "--world-size", metavar="N", help="hf: processes that wrote the saves; all their files must be there"
+    )
+    p.add_argument("--no-catch-up", action="store_true", help="only resolve (verified); publish nothing")
+    p.set_defaults(handler=_handle)
+
+
+def _seconds(text: str | None, option: str, *, allow_zero: bool) -> float | None:
+    from ckpt.cli.watch import parse_seconds  # one parser for every seconds option (cli.md)
+
+    return None if text is None else parse_seconds(text, option, allow_zero=allow_zero)
+
+
+def _required(args: argparse.Namespace, environ: Mapping[str, str], name: str, variable: str) -> str:
+    value = getattr(args, name)
+    if value is None:
+        value = environ.get(variable)
+    if value is None:
+        raise InvalidError(f"no {name}: pass --{name} or set {variable}")
+    return str(value)
+
+
+def _handle(ctx: _Context) -> int:
+    from ckpt.catchup import DEFAULT_SCAN_TIMEOUT, resume
+    from ckpt.domain.entries import parse_epoch, validate_attempt
+    from ckpt.domain.frameworks import parse_framework, parse_world_size
+
+    args = ctx.args
+    framework = parse_framework(args.framework)
+    epoch = parse_epoch(_required(args, ctx.environ, "epoch", "DISPATCH_EPOCH"))
+    attempt = validate_attempt(_required(args, ctx.environ, "attempt", "DISPATCH_ATTEMPT"))
+    settle = _seconds(args.settle, "--settle", allow_zero=True)
+    timeout = _seconds(args.scan_timeout, "--scan-timeout", allow_zero=False)
+    store = ctx.store()
+    resumed = resume(
+        store,
+        framework,
+        attempt=attempt,
+        epoch=epoch,
+        settle=settle,
+        catch_up_first=not args.no_catch_up,
+        scan_timeout=DEFAULT_SCAN_TIMEOUT if timeout is None else timeout,
+        # As for resolve: the size of the run that wrote the saves, only when given (never WORLD_SIZE).
+        world_size=None if args.world_size is None else parse_world_size(args.world_size),
+    )
+    caught = resumed.caught_up  # each caught-up save and each folder passed over was logged (stderr)
+    for entry, reason in resumed.skipped:
+        ctx.warn(f"skipped {store.location(entry)}: {reason}")
+    if args.json:
+        from ckpt.cli.output import entry_document, print_json
+
+        print_json(
+            {
+                "location": resumed.location,
+                "entry": None if resumed.entry is None else entry_document(store, resumed.entry),
+                "caught_up": [] if caught is None else [entry_document(store, e) for e in caught.published],
+                "passed": []
+                if caught is None
+                else [{"attempt": p.attempt, "reason": p.reason} for p in caught.passed],
+                "skipped": [{"entry": entry_document(store, e), "reason": r} for e, r in resumed.skipped],
+            },
+            ctx.stdout,
+        )
+    elif resumed.location is not None:
+        ctx.say(resumed.location)
+    return 0

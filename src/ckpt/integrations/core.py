@@ -1,0 +1,315 @@
+"""What the in-process integrations share: the job's settings, "publish on one rank after a barrier", resume.
+
+Rules (docs/adr/0010-in-process-publish-policy.md says why):
+
+1. Root, epoch and attempt come from explicit arguments, else the same sources as the CLI: ``CKPT_ROOT`` (or
+   the configuration file's ``root``), ``DISPATCH_EPOCH``, ``DISPATCH_ATTEMPT``, the configuration file from
+   ``config=`` or ``CKPT_CONFIG``. A missing or invalid one is an ``InvalidError`` when the integration is
+   constructed, never at the first save hours later.
+2. A save is published after a barrier that every rank reaches once its own part of the save is written,
+   by exactly one process (the world's main process): one barrier and one entry creation per save (plus,
+   on POSIX, the fsync of the save's files, which the frameworks do not do and the entry needs).
+3. A failed publication is logged and retried before the next one; it never raises into the training loop
+   (a raise on one rank while the others wait in the next collective hangs the job). What is still
+   unpublished when the job dies is published by the next start's catch-up (``resume_location``) or by the
+   sidecar. Only an ``InvalidError`` (a save outside the root: a configuration mistake that no retry mends)
+   is raised.
+4. The main process records the execution's epoch (``exec/<attempt>/.ckpt-epoch``) when the publisher is
+   made, so that a later catch-up knows it even if this execution dies before its first publication.
+5. ``resume_location`` runs the catch-up and the verified resolve on the main process only and hands the
+   answer to the other ranks when ``torch.distributed`` is initialised, so every rank resumes from the same
+   save. This module never imports a framework: it looks at ``torch.distributed`` only if the program has
+   already imported it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ckpt.catchup import is_vanished_save
+from ckpt.domain.entries import Entry, parse_epoch, validate_attempt
+from ckpt.domain.errors import CkptError, ExistsError, InvalidError, NotFoundError
+from ckpt.domain.frameworks import Framework, parse_framework
+from ckpt.domain.ports import SyncsSaves
+
+if TYPE_CHECKING:
+    from ckpt.domain.ports import WatchStore
+
+__all__ = [
+    "Job",
+    "Publisher",
+    "distributed",
+    "newest_with_file",
+    "on_main_then_broadcast",
+    "open_job",
+    "resume_location",
+]
+
+_log = logging.getLogger("ckpt.integrations")
+
+
+@attrs.frozen
+class Job:
+    """One execution of a training job: its store, epoch and attempt (the folder it saves into)."""
+
+    store: WatchStore = attrs.field(eq=False)
+    epoch: int
+    attempt: str
+
+    @property
+    def saves_location(self) -> str:
+        """``<root>/exec/<attempt>``: where the framework should save."""
+        return self.store.exec_dir(self.attempt)
+
+
+def open_job(
+    *,
+    root: str | None = None,
+    epoch: int | str | None = None,
+    attempt: str | None = None,
+    config: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    store: WatchStore | None = None,
+) -> Job:
+    """Gather the job's settings (rule 1) and open its store; ``InvalidError`` names what is missing.
+
+    ``store`` replaces ``root``/``config`` (for tests with ``ckpt.testing.InMemoryStore``).
+    """
+    env = os.environ if environ is None else environ
+    if epoch is None:
+        epoch = env.get("DISPATCH_EPOCH")
+    if epoch is None:
+        raise InvalidError("no epoch: pass epoch= or set DISPATCH_EPOCH")
+    number = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else parse_epoch(str(epoch))
+    parse_epoch(str(number))  # range check for an int given directly
+    if attempt is None:
+        attempt = env.get("DISPATCH_ATTEMPT")
+    if attempt is None:
+        raise InvalidError("no attempt: pass attempt= or set DISPATCH_ATTEMPT")
+    validate_attempt(attempt)
+    if store is None:
+        from ckpt.store import open_store
+
+        config_path = config or env.get("CKPT_CONFIG") or None
+        loaded = None
+        if config_path:
+            from ckpt.config import load_config
+
+            loaded = load_config(config_path)
+        root = root or env.get("CKPT_ROOT") or (loaded.root if loaded is not None else None)
+        if not root:
+            raise InvalidError(
+                "no checkpoint root: pass root=, set CKPT_ROOT, or set root in the config file"
+            )
+        store = open_store(str(root), config=loaded, environ=env)
+    return Job(store, number, attempt)
+
+
+def distributed() -> Any | None:
+    """``torch.distributed`` when the program imported it and initialised a group of several processes."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist if dist.get_world_size() > 1 else None
+
+
+def _default_barrier() -> None:
+    dist = distributed()
+    if dist is not None:
+        dist.barrier()
+
+
+def _default_is_main() -> bool:
+    dist = distributed()
+    return dist is None or dist.get_rank() == 0
+
+
+@attrs.frozen
+class _Pending:
+    step: int
+    location: str
+
+
+class Publisher:
+    """Publishes saves from inside the training script (rules 2-4).
+
+    ``barrier`` is called on every rank before the main process publishes (default: ``torch.distributed``'s
+    when a group of several processes is initialised, else nothing); ``is_main`` says whether this process
+    publishes (default: rank 0, or the only process). ``on_published`` is called with each entry created.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        is_main: bool | None = None,
+        barrier: Callable[[], None] | None = None,
+        on_published: Callable[[Entry], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.is_main = _default_is_main() if is_main is None else is_main
+        self.barrier = _default_barrier if barrier is None else barrier
+        self.on_published = on_published
+        self.pending: list[_Pending] = []  # saves whose publication failed, retried first (rule 3)
+        self._lock = threading.Lock()  # async saves publish from their executor's thread
+        if self.is_main:
+            self._record_epoch()
+
+    def __repr__(self) -> str:
+        return f"Publisher({self.job.store!r}, epoch={self.job.epoch}, attempt={self.job.attempt!r})"
+
+    def _record_epoch(self) -> None:
+        from ckpt.catchup import record_epoch
+
+        try:
+            record_epoch(self.job.store, self.job.attempt, self.job.epoch)
+        except CkptError as exc:
+            if isinstance(exc, InvalidError | NotFoundError):
+                raise  # a configuration mistake (no such root): say so now, not at the first save
+            _log.error(
+                "cannot record the epoch of %s (catch-up will use its entries): %s", self.job.attempt, exc
+            )
+
+    def publish(self, step: int, location: str) -> Entry | None:
+        """Wait for every rank (``barrier``), then publish ``location`` at ``step`` on the main process.
+
+        Call it on every rank once its own part of the save is written. Returns the entry on the main process
+        when the save is published (now or before), else ``None``.
+        """
+        self.barrier()
+        if not self.is_main:
+            return None
+        return self.publish_now(step, location)
+
+    def publish_now(self, step: int, location: str) -> Entry | None:
+        """Publish without a barrier, for a caller that knows every rank is done (an async save's future)."""
+        with self._lock:
+            return self._publish_pending(step, location)
+
+    def _publish_pending(self, step: int, location: str) -> Entry | None:
+        self.pending.append(_Pending(step, location))
+        published: Entry | None = None
+        while self.pending:
+            item = self.pending[0]
+            try:
+                entry = self._publish_one(item)
+            except CkptError as exc:
+                if is_vanished_save(exc, item.location):  # deleted meanwhile (the framework's retention)
+                    _log.warning("save vanished before it could be published: %s (%s)", item.location, exc)
+                    self.pending.pop(0)
+                    continue
+                if isinstance(exc, InvalidError):
+                    self.pending.pop(0)  # refused for good: raise it once, and let the next saves through
+                    raise
+                _log.error(  # an outage: keep it, retry before the next save
+                    "could not publish %s (will retry at the next save; the next start catches it up): %s",
+                    item.location,
+                    exc,
+                )
+                return None
+            self.pending.pop(0)
+            if item.location == location:
+                published = entry
+        return published
+
+    def _publish_one(self, item: _Pending) -> Entry:
+        store = self.job.store
+        if isinstance(store, SyncsSaves):
+            store.sync_save(item.location)
+        try:
+            entry = store.publish(self.job.epoch, item.step, item.location)
+        except ExistsError as exc:
+            return exc.entry
+        _log.info("published epoch %d step %d %s", entry.epoch, entry.step, store.location(entry))
+        if self.on_published is not None:
+            self.on_published(entry)
+        return entry
+
+
+def resume_location(
+    framework: Framework | str,
+    *,
+    job: Job | None = None,
+    settle: float | None = None,
+    catch_up: bool = True,
+    **settings: Any,
+) -> str | None:
+    """Where to resume from: catch up earlier executions, resolve verified; ``None`` on a first run.
+
+    ``settings`` are :func:`open_job`'s (``root``, ``epoch``, ``attempt``, ``config``, ``environ``,
+    ``store``) unless ``job`` is given. With ``torch.distributed`` initialised, only rank 0 reads and
+    publishes, and every rank gets its answer (rule 5).
+    """
+    rule = framework if isinstance(framework, Framework) else parse_framework(framework)
+    the_job = job if job is not None else open_job(**settings)
+
+    def compute() -> str | None:
+        from ckpt.catchup import resume
+
+        resumed = resume(
+            the_job.store,
+            rule,
+            attempt=the_job.attempt,
+            epoch=the_job.epoch,
+            settle=settle,
+            catch_up_first=catch_up,
+        )
+        return resumed.location
+
+    return on_main_then_broadcast(compute)
+
+
+def on_main_then_broadcast(compute: Callable[[], str | None]) -> str | None:
+    """Run ``compute`` on rank 0 and hand its answer (or its failure) to every rank (rule 5).
+
+    Without an initialised ``torch.distributed`` group of several processes, it simply runs ``compute``.
+    """
+    dist = distributed()
+    if dist is not None and dist.get_rank() != 0:
+        answer: list[object] = [None]
+        dist.broadcast_object_list(answer, src=0)
+        return _unpack(answer[0])
+    try:
+        outcome: object = compute()
+    except Exception as exc:  # noqa: BLE001 - the other ranks must hear of it too; raised below
+        outcome = exc
+    if dist is not None:
+        dist.broadcast_object_list(
+            [outcome if not isinstance(outcome, Exception) else _Failed(str(outcome))], src=0
+        )
+    if isinstance(outcome, Exception):
+        raise outcome
+    return _unpack(outcome)
+
+
+def newest_with_file(store: WatchStore, name: str, *, folder_prefix: str) -> str | None:
+    """The newest published save named ``<folder_prefix><step>`` that still holds file ``name``, or ``None``.
+
+    For the frameworks without a watcher rule (Lightning, Accelerate): a pure read, so every rank may call
+    it and get the same answer; a published folder that retention emptied is passed over.
+    """
+    for entry in reversed(store.entries()):
+        base = entry.save.rpartition("/")[2]
+        if base.startswith(folder_prefix) and store.exists(store.location(entry), name):
+            return store.location(entry)
+    return None
+
+
+@attrs.frozen
+class _Failed:
+    message: str
+
+
+def _unpack(value: object) -> str | None:
+    if isinstance(value, _Failed):
+        raise CkptError(f"resume failed on the main process: {value.message}")
+    if value is None or isinstance(value, str):
+        return value
+    raise CkptError(f"resume: unexpected answer from the main process: {value!r}")
