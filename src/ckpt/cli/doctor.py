@@ -124,13 +124,14 @@ def _checks(ctx: Context) -> list[tuple[str, bool, str]]:
 
 def run(ctx: Context) -> int:
     """Run every check and print the verdicts."""
+    from ckpt import __version__
     from ckpt.cli.output import print_json
 
     results = _checks(ctx)
     ok = all(passed for _, passed, _ in results)
     if ctx.json:
         checks = [{"name": n, "ok": passed, "detail": d} for n, passed, d in results]
-        print_json({"ok": ok, "checks": checks}, ctx.stdout)
+        print_json({"ok": ok, "version": __version__, "checks": checks}, ctx.stdout)
     else:
         for name, passed, detail in results:
             ctx.say(f"{'ok  ' if passed else 'FAIL'} {name}: {detail}")

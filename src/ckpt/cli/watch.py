@@ -201,6 +201,7 @@ def run(
     Returns 0 when the watch ends normally (stopped by a signal, or ``--once``). Invalid arguments raise
     ``InvalidError``; a failed or timed-out scan raises its error (rules 3, 4).
     """
+    from ckpt import __version__
     from ckpt.watcher import Watcher  # imported here: keeps ``ckpt --help`` light
 
     env = os.environ if environ is None else environ
@@ -249,6 +250,8 @@ def run(
     if args.once:
         stop.set()
     with _stop_on_signals(stop) if own_handlers else nullcontext():
+        # The version is a field of this line (``version=...`` in text, a key in JSON), so a platform team
+        # can tell which build a pod runs.
         _log.info(
             "watching %s for %s saves at epoch %d every %gs (settle %gs, scan timeout %gs, world size %s)%s",
             location,
@@ -259,6 +262,7 @@ def run(
             scan_timeout,
             "unknown" if world_size is None else world_size,
             " once" if args.once else "",
+            extra={"version": __version__},
         )
         created = watcher.watch(stop)
     _log.info("stopped; published %d save(s)", len(created))
