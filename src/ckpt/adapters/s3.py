@@ -71,6 +71,7 @@ from ckpt.domain.redaction import redact_url
 
 if TYPE_CHECKING:
     from ckpt.config import Config
+    from ckpt.creds.model import Source
 
 __all__ = [
     "MAX_PREFIX_BYTES",
@@ -788,16 +789,22 @@ def _proxy_rule(config: Config, environ: Mapping[str, str]) -> ProxyRule:
     return ProxyRule.from_environment(environ)
 
 
-def _botocore_session(config: Config, environ: Mapping[str, str], rule: ProxyRule) -> Any:
-    """Return the hermetic botocore session the S3 client signs with: its only credential provider is the
-    configured chain (SPEC §6), refreshed on schedule and at expiry. With no ``[[credentials]]`` tables the
-    chain is botocore's own default chain behind the same refresh logic. The Vault source, if any, reaches
-    Vault through the same proxy rule as S3.
+def _botocore_session(
+    config: Config, environ: Mapping[str, str], rule: ProxyRule, credentials: Source | None = None
+) -> Any:
+    """Return the hermetic botocore session the S3 client signs with: its only credential provider is
+    ``credentials`` when given (a source built in code), else the configured chain (SPEC §6), refreshed on
+    schedule and at expiry. With no ``[[credentials]]`` tables the chain is botocore's own default chain
+    behind the same refresh logic. The Vault source, if any, reaches Vault through the same proxy rule as S3.
     """
     from ckpt.creds.botocore_session import make_botocore_session  # botocore only for S3 roots
     from ckpt.creds.config import chain_from_config
 
-    chain = chain_from_config(list(config.credentials), environ, proxy_for=rule.proxy_for)
+    chain = (
+        credentials
+        if credentials is not None
+        else chain_from_config(list(config.credentials), environ, proxy_for=rule.proxy_for)
+    )
     return make_botocore_session(
         chain,
         refresh_seconds=config.s3.refresh_seconds,
@@ -805,8 +812,11 @@ def _botocore_session(config: Config, environ: Mapping[str, str], rule: ProxyRul
     )
 
 
-def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Connection]:
-    """Build the S3 client from ``config`` and say how it connects (see :func:`make_s3_client`)."""
+def connect_s3(
+    config: Config, environ: Mapping[str, str], credentials: Source | None = None
+) -> tuple[Any, S3Connection]:
+    """Build the S3 client from ``config`` and say how it connects (see :func:`make_s3_client`);
+    ``credentials``, when given, replaces the ``[[credentials]]`` chain."""
     import botocore.config  # lazily: botocore only when an S3 store is opened
 
     from ckpt.creds.botocore_session import create_s3_client
@@ -837,7 +847,7 @@ def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Conne
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    session = _botocore_session(config, environ, rule)
+    session = _botocore_session(config, environ, rule, credentials)
     errors = _botocore_errors()
     try:
         client = create_s3_client(
@@ -872,11 +882,14 @@ def make_s3_client(config: Config, environ: Mapping[str, str]) -> Any:
     return connect_s3(config, environ)[0]
 
 
-def open_s3_store(root: str, *, config: Config, environ: Mapping[str, str]) -> S3Store:
-    """Return the :class:`S3Store` for ``root``, its client built from ``config`` by :func:`make_s3_client`.
+def open_s3_store(
+    root: str, *, config: Config, environ: Mapping[str, str], credentials: Source | None = None
+) -> S3Store:
+    """Return the :class:`S3Store` for ``root``, its client built from ``config`` by :func:`make_s3_client`
+    and signing with ``credentials`` when given (else the ``[[credentials]]`` chain).
 
     The root is validated before any client is built, so a bad URL costs no credential lookup.
     """
     parse_s3_root(root)
-    client, connection = connect_s3(config, environ)
+    client, connection = connect_s3(config, environ, credentials)
     return S3Store(root, client, connection=connection)

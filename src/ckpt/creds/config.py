@@ -6,7 +6,8 @@ Every key is checked: an unknown key, a wrong type or a missing required key is 
 opens no connection, so validation is the same code as building.
 
 No tables at all means botocore's default chain (SPEC §6). A kind listed twice gets names that say which
-table it came from (``file (credentials[2])``), so messages stay unambiguous.
+table it came from (``file (credentials[2])``), so messages stay unambiguous. A kind that is not built in is
+looked up among the installed plugins (:mod:`ckpt.creds.plugins`), which validate their own keys.
 """
 
 from __future__ import annotations
@@ -215,6 +216,24 @@ def _vault(table: _Table, name: str, proxy_for: Callable[[str], str | None] | No
     )
 
 
+def _plugin(
+    table: _Table,
+    kind: str,
+    name: str,
+    environ: Mapping[str, str],
+    proxy_for: Callable[[str], str | None] | None,
+) -> Source:
+    from ckpt.creds.plugins import SourceSettings, plugin_kinds, plugin_source
+
+    own = {key: value for key, value in table.table.items() if key != "source"}
+    source = plugin_source(SourceSettings(kind, name, own, table.where, environ, proxy_for))
+    if source is None:
+        key = table.key("source")
+        known = ", ".join((*KINDS, *plugin_kinds(KINDS)))
+        raise ConfigError(f"{key} must be one of {known}, got {kind!r}", key=key)
+    return source
+
+
 def chain_from_config(
     tables: Sequence[Mapping[str, object]],
     environ: Mapping[str, str] | None = None,
@@ -230,12 +249,15 @@ def chain_from_config(
         return Chain([AwsDefaultSource()])
     environ = os.environ if environ is None else environ
     checked = [_Table(raw, f"credentials[{index}]") for index, raw in enumerate(tables)]
-    kinds = [table.choice("source", KINDS, required=True) or "" for table in checked]
+    kinds = [table.required("source") for table in checked]
     repeated = {kind for kind, count in Counter(kinds).items() if count > 1}
     sources: list[Source] = []
     for table, kind in zip(checked, kinds, strict=True):
-        table.only(_KEYS[kind], f"source {kind!r}")
         name = f"{kind} ({table.where})" if kind in repeated else kind
+        if kind not in KINDS:
+            sources.append(_plugin(table, kind, name, environ, proxy_for))
+            continue
+        table.only(_KEYS[kind], f"source {kind!r}")
         if kind == "env":
             sources.append(_env(table, name, environ))
         elif kind == "file":
