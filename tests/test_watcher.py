@@ -123,6 +123,18 @@ class RecordingStore:
         return sync_save
 
 
+class _WithoutSync:
+    """The in-memory fake with its sync_save hidden, as an embedder's store that has none."""
+
+    def __init__(self, inner: InMemoryStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "sync_save":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
 def watcher(store: WatchStore, framework: Framework = HF, **kwargs: Any) -> Watcher:
     kwargs.setdefault("settle", 0)
     saves = kwargs.pop("saves", store.exec_dir(ATTEMPT))
@@ -390,8 +402,8 @@ class TestSync:
         ]
 
     def test_stores_without_sync_save_just_publish(self) -> None:
-        """A store without sync_save (the in-memory fake, S3) is published to directly."""
-        store = RecordingStore(InMemoryStore())
+        """A store without sync_save (an embedder's own; ours all have one) is published to directly."""
+        store = RecordingStore(_WithoutSync(InMemoryStore()))  # type: ignore[arg-type]
         store.inner.write_file(f"{store.exec_dir(ATTEMPT)}/checkpoint-3", "trainer_state.json", STATE)  # type: ignore[attr-defined]
         assert not hasattr(store, "sync_save")
         assert steps(watcher(store).scan()) == [3]

@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from ckpt.domain.arguments import require_instance, require_str
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.redaction import redact_url
 
@@ -36,7 +37,14 @@ def open_store(
     and again at every refresh, exactly like a configured chain. A POSIX root signs nothing and ignores it.
     Something that is not a ``Source`` (no ``name``, no ``fetch``) is an ``InvalidError``.
     """
-    if not isinstance(root, str) or not root:
+    require_str(root, "root")
+    if environ is not None:
+        require_instance(environ, Mapping, "environ")
+    if config is not None:
+        from ckpt.config import Config
+
+        require_instance(config, Config, "config")
+    if not root:
         raise InvalidError(f"root {root!r} must be an absolute path or an s3:// URL")
     if credentials is not None:
         from ckpt.creds.model import Source

@@ -5,7 +5,8 @@ the bucket). The layout is the POSIX one: ``exec/<attempt>/...`` for saves, ``pu
 
 Rules this adapter keeps:
 
-1. Publish is two requests: one ``ListObjectsV2`` (``MaxKeys=1``) under ``<save>/`` proves the save exists,
+1. Publish is two requests: one ``ListObjectsV2`` (``MaxKeys=1``) under ``<save>/`` proves the save exists
+   (when it finds nothing, one ``HeadObject`` of ``<save>`` tells a file, which is not a save, from nothing),
    then ``PutObject`` of an empty body with ``If-None-Match: *`` creates the entry exclusively. ``412
    PreconditionFailed`` means the entry exists: ``ExistsError``. ``409 ConditionalRequestConflict`` (a
    concurrent conditional write to the same key) is retried a bounded number of times. A ``PutObject`` that
@@ -37,6 +38,9 @@ Rules this adapter keeps:
    5xx, throttling, a dropped connection, a read timeout, an answer cut short. The one answer botocore cannot
    retry is a ``GetObject`` body, read after the call has returned, so ``read_file`` sends the request again
    itself when the body breaks off (``_BODY_ATTEMPTS`` in all).
+7. A file inside a save is the object at exactly its key (``ckpt.domain.saves``): objects under ``name/``
+   make a folder, not the file ``name``. ``read_file`` reads at most 64 MiB: the size S3 announces is
+   checked before the body is read, and the body is read no further than one byte past the cap.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from ckpt.adapters.proxy import ProxyRoutes
+from ckpt.domain.arguments import require_bool, require_instance, require_int, require_str
 from ckpt.domain.entries import PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
 from ckpt.domain.errors import (
     CkptError,
@@ -68,6 +73,7 @@ from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
 from ckpt.domain.proxy import ProxyRule, is_cgi
 from ckpt.domain.prune import Overlap, plan_prune
 from ckpt.domain.redaction import redact_url
+from ckpt.domain.saves import MAX_READ_BYTES, SaveKind, check_save_kind, too_large, validate_file_name
 
 if TYPE_CHECKING:
     from ckpt.config import Config
@@ -470,7 +476,7 @@ class S3Store:
 
     def location(self, entry: Entry) -> str:
         """Return ``s3://bucket/prefix/<save>``."""
-        return self._url(self._key(entry.save))
+        return self._url(self._key(require_instance(entry, Entry, "entry").save))
 
     def exec_dir(self, attempt: str) -> str:
         """Return ``s3://bucket/prefix/exec/<attempt>``."""
@@ -481,8 +487,8 @@ class S3Store:
 
         One trailing ``/`` is allowed. A location elsewhere, or naming an invalid save, is ``InvalidError``.
         """
-        shown = redact_url(location, keep_user=False) if isinstance(location, str) else location
-        if not isinstance(location, str) or not location.startswith("s3://"):
+        if not require_str(location, "save location").startswith("s3://"):
+            shown = redact_url(location, keep_user=False)
             raise InvalidError(f"save location {shown!r} is not an s3:// URL under the root {self.root}")
         candidate = location[:-1] if location.endswith("/") else location
         base = self.root + "/"
@@ -495,7 +501,7 @@ class S3Store:
 
     def _folder_prefix(self, location: str) -> str:
         """Return the key prefix (ending in ``/``, or the root's own prefix) of a location under the root."""
-        if location.rstrip("/") == self.root:
+        if isinstance(location, str) and location.rstrip("/") == self.root:
             return self._root.prefix
         return self._key(self.save_of(location)) + "/"
 
@@ -584,11 +590,11 @@ class S3Store:
 
     def publish(self, epoch: int, step: int, save_location: str) -> Entry:
         """Publish the save at ``save_location`` (see the Store port): two requests on the normal path."""
-        entry = Entry(epoch, step, self.save_of(save_location))
+        entry = Entry(require_int(epoch, "epoch"), require_int(step, "step"), self.save_of(save_location))
         name = format_entry_name(entry)  # InvalidError for a save too long, before any request
-        save_url = self.location(entry)
         if not self._any_object_under(self._key(entry.save) + "/", action="check the save"):
-            raise NotFoundError(f"save {save_url} does not exist (no object under it)", location=save_url)
+            is_file = self._object_exists(self._key(entry.save), action="check the save")
+            check_save_kind(SaveKind.FILE if is_file else SaveKind.MISSING, self.location(entry))
         key = self._pub_prefix() + name
         outcome = self._create_exclusive(key, action="publish")
         if outcome == "exists":
@@ -632,6 +638,8 @@ class S3Store:
 
     def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
         """Remove all but the ``keep`` greatest entries, then the folders only they named (module rule 3)."""
+        require_int(keep, "keep")
+        require_bool(dry_run, "dry_run")
         plan = plan_prune(self.entries(), keep)
         folders = [(folder, self._url(self._key(folder))) for folder in plan.folders]
         if dry_run:
@@ -689,9 +697,9 @@ class S3Store:
     def read_file(self, save_location: str, name: str) -> bytes | None:
         """Return the content of ``name`` inside the save, or ``None`` when there is no such object.
 
-        A body that breaks off mid-stream is asked for again (module rule 6).
+        A body that breaks off mid-stream is asked for again (module rule 6); at most 64 MiB (rule 7).
         """
-        key = self._key(self.save_of(save_location)) + "/" + name
+        key = self._file_key(save_location, name)
         errors = _botocore_errors()
         with self._errors("read", self._url(key)):
             for attempt in range(1, _BODY_ATTEMPTS + 1):
@@ -703,23 +711,40 @@ class S3Store:
                     raise
                 body = answer["Body"]
                 try:
-                    data: bytes = body.read()
+                    size = answer.get("ContentLength")
+                    if isinstance(size, int) and size > MAX_READ_BYTES:
+                        raise too_large(self._url(key), size)
+                    data = bytearray()
+                    # Read to the end (the empty read is where botocore checks the length it was promised),
+                    # but never more than one byte past the cap.
+                    while chunk := body.read(min(1 << 20, MAX_READ_BYTES + 1 - len(data))):
+                        data += chunk
+                        if len(data) > MAX_READ_BYTES:
+                            raise too_large(self._url(key))
                 except (errors.HTTPClientError, errors.IncompleteReadError):
                     # The body broke off (cut short, connection reset, read timeout): botocore cannot retry
                     # a body it already handed over, so the request is sent again (module rule 6).
                     if attempt == _BODY_ATTEMPTS:
                         raise
                 else:
-                    return data
+                    return bytes(data)
                 finally:
                     body.close()
         raise AssertionError("unreachable: the last failed attempt raises")
 
     def exists(self, save_location: str, name: str) -> bool:
-        """Return True when the object ``name`` exists inside the save (one ``HeadObject``)."""
-        key = self._key(self.save_of(save_location)) + "/" + name
+        """Return True when the object ``name`` exists inside the save (one ``HeadObject``, rule 7)."""
+        key = self._file_key(save_location, name)
+        return self._object_exists(key, action="check")
+
+    def _file_key(self, save_location: str, name: str) -> str:
+        """The key of file ``name`` inside the save; ``InvalidError`` for a location or name leaving it."""
+        return self._key(self.save_of(save_location)) + "/" + validate_file_name(name)
+
+    def _object_exists(self, key: str, *, action: str) -> bool:
+        """Return True when an object has exactly the key ``key`` (one ``HeadObject``)."""
         errors = _botocore_errors()
-        with self._errors("check", self._url(key)):
+        with self._errors(action, self._url(key)):
             try:
                 self._client.head_object(Bucket=self._root.bucket, Key=key)
             except errors.ClientError as exc:
@@ -727,6 +752,10 @@ class S3Store:
                     return False
                 raise
         return True
+
+    def sync_save(self, save_location: str) -> None:
+        """Check the location only: an object S3 acknowledged is durable (the WatchStore port)."""
+        self.save_of(save_location)
 
     def files(self, save_location: str) -> list[FileInfo]:
         """Return every object inside the save with its size, recursively, sorted by relative path.
