@@ -187,8 +187,8 @@ class PosixStore:
 
         The location must be lexically under the root and clean; one trailing ``/`` is allowed.
         """
-        if not require_str(location, "save location").startswith("/"):
-            shown = redact_url(location, keep_user=False)
+        shown = redact_url(require_str(location, "save location"), keep_user=False)
+        if not location.startswith("/"):
             raise InvalidError(f"save location {shown!r} is not an absolute path")
         prefix = self._root.rstrip("/") + "/"
         candidate = location[:-1] if location.endswith("/") and location != "/" else location

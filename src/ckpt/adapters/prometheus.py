@@ -46,7 +46,7 @@ def _prometheus() -> Any:
         import prometheus_client
     except ImportError as exc:
         raise InvalidError(
-            "--metrics-port needs the prometheus_client package: install ckpt with the 'metrics' extra"
+            "--metrics-port needs the prometheus_client package: pip install 'ckpt-log[metrics]'"
         ) from exc
     return prometheus_client
 

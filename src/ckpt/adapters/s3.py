@@ -487,8 +487,8 @@ class S3Store:
 
         One trailing ``/`` is allowed. A location elsewhere, or naming an invalid save, is ``InvalidError``.
         """
-        if not require_str(location, "save location").startswith("s3://"):
-            shown = redact_url(location, keep_user=False)
+        shown = redact_url(require_str(location, "save location"), keep_user=False)
+        if not location.startswith("s3://"):
             raise InvalidError(f"save location {shown!r} is not an s3:// URL under the root {self.root}")
         candidate = location[:-1] if location.endswith("/") else location
         base = self.root + "/"
