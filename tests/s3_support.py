@@ -181,8 +181,14 @@ def serve_moto(log: Path, *, module: str = "moto.server", cwd: str | None = None
 
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start ``python -m moto.server`` on a free loopback port for the session; yield its endpoint URL."""
-    with serve_moto(tmp_path_factory.mktemp("moto-server") / "server.log") as endpoint:
+    """Start moto's server on a free loopback port for the session; yield its endpoint URL.
+
+    It is ``tests/support/atomic_moto_server.py``: moto with ``PutObject`` atomic, as S3 has it. Stock moto
+    lets concurrent conditional puts of one key both win, which ``ckpt doctor``'s concurrent probe rightly
+    reports as a broken storage.
+    """
+    log = tmp_path_factory.mktemp("moto-server") / "server.log"
+    with serve_moto(log, module="support.atomic_moto_server", cwd=str(Path(__file__).parent)) as endpoint:
         yield endpoint
 
 

@@ -56,6 +56,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from ckpt.adapters.concurrent_probe import DEFAULT_WRITERS, run_at_once
 from ckpt.adapters.proxy import ProxyRoutes
 from ckpt.domain.arguments import require_bool, require_instance, require_int, require_str
 from ckpt.domain.entries import PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
@@ -68,6 +69,7 @@ from ckpt.domain.errors import (
     NotFoundError,
     StorageError,
 )
+from ckpt.domain.exclusive_probe import judge_exclusive_creates
 from ckpt.domain.names import MAX_NAME_BYTES, format_entry_name, latest_entry_name, parse_entry_names
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
 from ckpt.domain.proxy import ProxyRule, is_cgi
@@ -416,11 +418,15 @@ class S3Connection:
 
 @attrs.frozen
 class ExclusiveCreateProbe:
-    """What :meth:`S3Store.probe_exclusive_create` found: whether exclusive create is honoured, and why."""
+    """What :meth:`S3Store.probe_exclusive_create` found: whether exclusive create is honoured, why, and
+    how the concurrent creates ended (``writers`` sent, ``created``, ``refused`` as existing)."""
 
     honoured: bool
     location: str
     detail: str
+    writers: int = 0
+    created: int = 0
+    refused: int = 0
 
 
 def _failed_keys_text(failed: Sequence[tuple[str, str]], url_of: Callable[[str], str]) -> str:
@@ -772,34 +778,29 @@ class S3Store:
 
     # -- doctor ----------------------------------------------------------------------------------------
 
-    def probe_exclusive_create(self) -> ExclusiveCreateProbe:
-        """Check that the storage refuses a second ``If-None-Match: *`` create of a key (``ckpt doctor``).
+    def probe_exclusive_create(self, writers: int = DEFAULT_WRITERS) -> ExclusiveCreateProbe:
+        """Check that ``writers`` concurrent ``If-None-Match: *`` creates of one new key make exactly one
+        winner, the others refused with 412 (``ckpt doctor``; spec/layout.md §6).
 
-        Creates ``<root>/.ckpt-doctor/<random>`` (outside ``pub/`` and ``exec/``), creates it again, expects
-        412, and deletes it. A storage that refuses the header as unsupported (``NotImplemented``) does not
-        honour exclusive create; any other failure (access denied, unreachable) raises as usual.
+        The key is ``<root>/.ckpt-doctor/<random>`` (outside ``pub/`` and ``exec/``); the creates start
+        together from ``writers`` threads; the key is deleted afterwards whatever happened. A storage that
+        refuses the header as unsupported (``NotImplemented``) does not honour exclusive create; any other
+        failure (access denied, unreachable) raises as usual.
         """
         key = f"{self._root.prefix}{_PROBE_DIR}/{secrets.token_hex(8)}"
-        location = self._url(key)
         action = "probe exclusive create at"
-        first = self._create_exclusive(key, action=action)
-        if first == "unsupported":
-            return ExclusiveCreateProbe(False, location, "the storage does not implement If-None-Match: *")
-        if first == "exists":
-            return ExclusiveCreateProbe(
-                False, location, "the storage refused to create a fresh random key with If-None-Match: *"
-            )
         try:
-            second = self._create_exclusive(key, action=action)
+            outcomes = run_at_once(lambda: self._create_exclusive(key, action=action), writers)
         finally:
             self._delete_object(key, action="remove the probe object")
-        if second == "exists":
-            return ExclusiveCreateProbe(True, location, "a second If-None-Match: * create was refused (412)")
+        verdict = judge_exclusive_creates(outcomes, "If-None-Match: * creates")
         return ExclusiveCreateProbe(
-            False,
-            location,
-            "a second create with If-None-Match: * succeeded: the storage ignores the condition, so two "
-            "publishers could both believe they published the same entry",
+            verdict.honoured,
+            self._url(key),
+            verdict.detail,
+            writers=verdict.writers,
+            created=verdict.created,
+            refused=verdict.refused,
         )
 
     def _delete_object(self, key: str, *, action: str) -> None:
