@@ -198,7 +198,9 @@ def _prune_rows(client: Any, counter: RequestCounter) -> list[Row]:
         timed = _Timed(counter)
         result = timed(lambda store=store: store.prune(KEEP))
         sent = timed.requests[0]
-        deletes = math.ceil(removed / 1000) + removed * math.ceil(per_save / 1000)
+        # Entries, then every folder's objects batched across folders (s3.py rule 3).
+        deletes = math.ceil(removed / 1000) + math.ceil(removed * per_save / 1000)
+        folder_lists = removed * math.ceil(per_save / 1000)  # one listing a folder (a page is 1000 keys)
         what = "1 entry + 1 folder" if removed == 1 else f"{removed} entries + {removed} folders"
         done = getattr(result, "removed_entries", ()), getattr(result, "removed_folders", ())
         note = ""
@@ -209,8 +211,13 @@ def _prune_rows(client: Any, counter: RequestCounter) -> list[Row]:
                 "S3 prune",
                 f"keep={KEEP} of {removed + KEEP}: {what} of {per_save:,} objects",
                 f"{timed.shown()}; {describe(sent)}",
-                target=f"DeleteObjects = ceil(k/1000) + sum ceil(objects/1000) = {deletes}",
-                passed=sent["DeleteObjects"] == deletes and not note,
+                target=(
+                    f"DeleteObjects = ceil(k/1000) + ceil(all objects/1000) = {deletes}, "
+                    f"folder listings = {folder_lists}"
+                ),
+                passed=sent["DeleteObjects"] == deletes
+                and sent["ListObjectsV2"] <= folder_lists + 2  # and the two listings of pub/
+                and not note,
                 note=note,
             )
         )

@@ -496,13 +496,20 @@ class TestPrune:
         for step in (1, 2, 3):
             http.put(f"exec/a/ck-{step}/model.bin")
             store.publish(1, step, store.location(Entry(1, step, f"exec/a/ck-{step}")))
-        answer_instead(
-            client,
-            "DeleteObjects",
-            200,
-            _refuse_every_key("AccessDenied"),
-            when=lambda request: b"exec/a/ck-1/" in request.body,
-        )
+        # The folders' objects go out in one DeleteObjects: the storage deletes the others and refuses
+        # exec/a/ck-1's (taken out of the request before it is signed, reported refused in the answer).
+        held: list[str] = []
+
+        def hold_ck_1(params: dict[str, Any], **_: Any) -> None:
+            objects = params["Delete"]["Objects"]
+            held.extend(o["Key"] for o in objects if o["Key"].startswith("exec/a/ck-1/"))
+            params["Delete"]["Objects"] = [o for o in objects if o["Key"] not in held]
+
+        def refuse_held(parsed: dict[str, Any], **_: Any) -> None:
+            parsed["Errors"] = [{"Key": key, "Code": "AccessDenied"} for key in held]
+
+        client.meta.events.register("provide-client-params.s3.DeleteObjects", hold_ck_1)
+        client.meta.events.register("after-call.s3.DeleteObjects", refuse_held)
         with pytest.raises(StorageError) as caught:
             store.prune(1)
         message = str(caught.value)

@@ -17,12 +17,14 @@ Rules this adapter keeps:
    zero-byte ``pub/`` marker some consoles create is ``pub/`` itself, not a name inside it, and is ignored.
    Listing order is never trusted; the bulk parsers of ``ckpt.domain.names`` order and validate.
 3. Prune carries out the domain's plan: ``DeleteObjects`` (quiet, at most 1000 keys a request) for the
-   entries, a fresh listing of ``pub/``, then for each candidate folder no remaining entry overlaps, a listing
-   of ``<folder>/`` and ``DeleteObjects`` of what it found. A folder with no object left is skipped as
-   "already gone". Keys S3 refuses inside a ``DeleteObjects`` answer are never hidden: refused entries stop
-   the prune before any folder is touched (they are still published, so they still protect their folders);
-   refused objects of a folder are collected while the other folders are still removed, then raised together
-   as one ``StorageError`` listing them. A key reported ``NoSuchKey`` is gone, which is what was asked.
+   entries, a fresh listing of ``pub/``, then a listing of ``<folder>/`` for each candidate folder no
+   remaining entry overlaps (eight at a time), and ``DeleteObjects`` of everything they found, batched
+   across folders: k entries and f folders of o objects cost ceil(k/1000) + ceil(f*o/1000) deletes, and
+   f listings. A folder with no object left is skipped as "already gone". Keys S3 refuses inside a
+   ``DeleteObjects`` answer are never hidden: refused entries stop the prune before any folder is touched
+   (they are still published, so they still protect their folders); a folder with a refused object is not
+   reported removed while the others are, and the refused objects are raised together as one
+   ``StorageError`` listing them. A key reported ``NoSuchKey`` is gone, which is what was asked.
    Every planned entry is reported removed: S3 deletes are idempotent and do not say whether a key existed
    (POSIX can leave out an entry another pruner removed first; here it is listed).
 4. Every botocore error is translated at one boundary (:func:`_s3_errors`, with the code table
@@ -51,6 +53,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import urlsplit
 
@@ -102,6 +105,8 @@ _PROBE_DIR = ".ckpt-doctor"
 _DEFAULT_REGION = "us-east-1"
 # 409 ConditionalRequestConflict: another conditional write to the key is in flight; it settles quickly.
 _CONFLICT_ATTEMPTS = 4
+#: Folder listings prune runs at once: below the client's connection pool (10), so none waits for one.
+_LISTING_CONCURRENCY = 8
 _CONFLICT_BACKOFF_SECONDS = 0.1  # doubled after every conflict: 0.1, 0.2, 0.4
 _MAX_KEYS_IN_MESSAGE = 10
 # A GetObject whose body breaks off mid-stream is sent again, this many times in all (module rule 6).
@@ -576,6 +581,20 @@ class S3Store:
             pause *= 2
         raise AssertionError("unreachable: the last conflicting attempt raises")
 
+    def _list_folders(self, prefixes: Sequence[str]) -> list[list[str]]:
+        """Every key under each of ``prefixes``, in order; at most ``_LISTING_CONCURRENCY`` listings at once.
+
+        The first failure (in ``prefixes`` order) is raised once every listing finished.
+        """
+        if len(prefixes) <= 1:
+            return [self._keys_under(prefix) for prefix in prefixes]
+        workers = min(_LISTING_CONCURRENCY, len(prefixes))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-s3-list") as pool:
+            return list(pool.map(self._keys_under, prefixes))
+
+    def _keys_under(self, prefix: str) -> list[str]:
+        return [obj["Key"] for obj in self._objects(prefix, action="list the folder")]
+
     def _delete_keys(self, keys: Sequence[str], *, action: str, location: str) -> list[tuple[str, str]]:
         """Delete ``keys`` with ``DeleteObjects`` (quiet), 1000 a request; return the refused (key, code)."""
         refused: list[tuple[str, str]] = []
@@ -661,22 +680,29 @@ class S3Store:
             )
         # Read again: an entry published since the plan was made still protects its folder.
         needed = Overlap(entry.save for entry in self.entries())
-        removed_folders: list[str] = []
         skipped: list[SkippedFolder] = []
-        refused_objects: list[tuple[str, str]] = []
+        doomed: list[tuple[str, str]] = []
         for folder, location in folders:
             if needed(folder):
                 skipped.append(SkippedFolder(location, "named by an entry published during the prune"))
-                continue
-            keys = [obj["Key"] for obj in self._objects(self._key(folder) + "/", action="list the folder")]
+            else:
+                doomed.append((folder, location))
+        # The folders' listings run a few at a time; their objects go out together, 1000 keys a request.
+        listings = self._list_folders([self._key(folder) + "/" for folder, _ in doomed])
+        owner: dict[str, str] = {}
+        for (_, location), keys in zip(doomed, listings, strict=True):
             if not keys:
                 skipped.append(SkippedFolder(location, "already gone"))
-                continue
-            refused = self._delete_keys(keys, action="remove the folder", location=location)
-            if refused:
-                refused_objects.extend(refused)
-            else:
-                removed_folders.append(location)
+            owner.update((key, location) for key in keys)
+        refused_objects = self._delete_keys(
+            list(owner), action="remove the folders under", location=self.root
+        )
+        refused_in = {owner.get(key) for key, _ in refused_objects}
+        removed_folders = [
+            location
+            for (_, location), keys in zip(doomed, listings, strict=True)
+            if keys and location not in refused_in
+        ]
         if refused_objects:
             raise StorageError(
                 f"prune removed {len(plan.remove)} entries and {len(removed_folders)} folders, but the "
