@@ -42,6 +42,7 @@ from typing import Protocol
 
 import attrs
 
+from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import MAX_U64, Entry
 from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
 from ckpt.domain.frameworks import (
@@ -54,7 +55,7 @@ from ckpt.domain.frameworks import (
     rank_files,
     save_folders,
 )
-from ckpt.domain.ports import WatchStore
+from ckpt.domain.ports import Store, WatchStore
 from ckpt.verify import read_markers, read_rank_states
 
 __all__ = ["ScanReport", "WatchObserver", "Watcher"]
@@ -132,8 +133,8 @@ class Watcher:
         observer: WatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not isinstance(framework, Framework):
-            raise InvalidError(f"framework {framework!r} is not a Framework")
+        require_instance(store, Store, "store")
+        require_instance(framework, Framework, "framework")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_U64:
             raise InvalidError(f"epoch {epoch!r} is not an unsigned 64-bit integer")
         if not isinstance(saves_location, str) or not saves_location:
