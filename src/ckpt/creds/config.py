@@ -45,6 +45,9 @@ _KEYS: Mapping[str, tuple[str, ...]] = {
         "address",
         "namespace",
         "ca_bundle",
+        "client_cert",
+        "client_key",
+        "timeout",
         "allow_insecure_http",
         "mount",
         "path",
@@ -182,6 +185,21 @@ def _auth(table: _Table) -> KubernetesAuth | AppRoleAuth:
     )
 
 
+def _seconds(table: _Table, name: str, *, default: float) -> float:
+    """Seconds above 0 and at most ``MAX_SECONDS`` (the bound of every duration), or ``default``."""
+    from ckpt.config import MAX_SECONDS
+
+    if name not in table.table:
+        return default
+    value = table.table[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_SECONDS:
+        key = table.key(name)
+        raise ConfigError(
+            f"{key} must be a number of seconds above 0 and at most {MAX_SECONDS}, got {value!r}", key=key
+        )
+    return float(value)
+
+
 def _vault(table: _Table, name: str, proxy_for: Callable[[str], str | None] | None) -> VaultSource:
     address = table.required("address")
     path = table.required("path")
@@ -202,6 +220,13 @@ def _vault(table: _Table, name: str, proxy_for: Callable[[str], str | None] | No
         fields = VaultFields(**{key: value for key, value in names.items() if value is not None})
     auth = _auth(table)
     ca_bundle = table.string("ca_bundle")
+    client_cert, client_key = table.string("client_cert"), table.string("client_key")
+    if (client_cert is None) != (client_key is None):
+        missing = table.key("client_key") if client_key is None else table.key("client_cert")
+        raise ConfigError(
+            f"missing required key {missing!r}: a client certificate and its key are set together",
+            key=missing,
+        )
     return VaultSource(
         address=address,
         path=path,
@@ -209,6 +234,9 @@ def _vault(table: _Table, name: str, proxy_for: Callable[[str], str | None] | No
         mount=mount,
         namespace=table.string("namespace"),
         ca_bundle=Path(ca_bundle) if ca_bundle else None,
+        client_cert=Path(client_cert) if client_cert else None,
+        client_key=Path(client_key) if client_key else None,
+        timeout=_seconds(table, "timeout", default=10.0),
         allow_insecure_http=allow_insecure_http,
         fields=fields,
         proxy_for=proxy_for,
