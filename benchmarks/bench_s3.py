@@ -27,6 +27,11 @@ PUBLISH_EPOCH = 9
 KEEP = 10
 # (removed entries, objects in each removed save): one sharded save, then many small ones.
 PRUNES = ((1, 1500), (100, 2))
+# The 100 x 2 prune again with a round trip added to every request (client-side, as a network would): where
+# the listings' concurrency shows. The old sequential prune sent 203 requests one after the other.
+LATENCY_SECONDS = 0.03
+SEQUENTIAL_REQUESTS = 203
+LATENCY_BUCKET = "ckpt-bench-prune-latency"
 
 
 def _bucket(size: int) -> str:
@@ -58,6 +63,8 @@ def _seed(ctx: Context) -> dict[str, dict[str, bytes]]:
             for n in range(count):
                 objects[f"{entry.save}/shard-{n:05d}.distcp"] = b"x"
         seed[_prune_bucket(removed)] = objects
+        if (removed, per_save) == (100, 2):
+            seed[LATENCY_BUCKET] = dict(objects)
     return seed
 
 
@@ -224,6 +231,31 @@ def _prune_rows(client: Any, counter: RequestCounter) -> list[Row]:
     return rows
 
 
+def _prune_latency_row(client: Any, counter: RequestCounter) -> Row:
+    """The 100 x 2 prune with ``LATENCY_SECONDS`` added to each request, against the sequential figure."""
+
+    def round_trip(**_: Any) -> None:
+        time.sleep(LATENCY_SECONDS)
+
+    client.meta.events.register("before-send.s3", round_trip, unique_id="bench-round-trip")
+    try:
+        store = S3Store(f"s3://{LATENCY_BUCKET}", client)
+        timed = _Timed(counter)
+        timed(lambda: store.prune(KEEP))
+    finally:
+        client.meta.events.unregister("before-send.s3", unique_id="bench-round-trip")
+    sent = timed.requests[0]
+    sequential = SEQUENTIAL_REQUESTS * LATENCY_SECONDS  # the old prune's waiting alone, one after the other
+    return Row(
+        "S3 prune (30 ms round trip)",
+        f"keep={KEEP} of 110: 100 entries + 100 folders of 2 objects",
+        f"{timed.shown()}; {describe(sent)}",
+        baseline=f"{ms(sequential)} (203 sequential requests x 30 ms, before any server time)",
+        target="well under the sequential figure (< half)",
+        passed=timed.best() < sequential / 2,
+    )
+
+
 @benchmark("s3")
 def bench_s3(ctx: Context) -> list[Row]:
     """Requests and time of resolve, entries, publish and prune over moto's server (a subprocess)."""
@@ -237,6 +269,7 @@ def bench_s3(ctx: Context) -> list[Row]:
             # Steps above every seeded entry's, so each publish creates a new, greatest entry.
             publishing += _publish_rows(ctx, client, counter, size, step=10**9)
         prunes = _prune_rows(client, counter)
+        prunes.append(_prune_latency_row(client, counter))
     resolves = [row for row in listing if row.benchmark == "S3 resolve"]
     entries = [row for row in listing if row.benchmark == "S3 entries"]
     first_publish = [row for row in publishing if row.benchmark == "S3 publish"]
