@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from importlib import metadata
+from typing import TYPE_CHECKING
 
 import attrs
 
 from ckpt.creds.model import Source
 from ckpt.domain.errors import CkptError, ConfigError
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 __all__ = ["ENTRY_POINT_GROUP", "SourceSettings", "plugin_kinds", "plugin_source"]
 
@@ -61,6 +64,8 @@ class SourceSettings:
 
 @functools.cache
 def _registered() -> Mapping[str, tuple[metadata.EntryPoint, ...]]:
+    from importlib import metadata  # only when a table names a kind that is not built in (rule 4)
+
     found: dict[str, list[metadata.EntryPoint]] = {}
     for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         found.setdefault(entry_point.name, []).append(entry_point)
