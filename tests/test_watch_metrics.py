@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import ckpt
 from ckpt.adapters.prometheus import WatchMetrics
 from ckpt.domain.entries import Entry
-from ckpt.domain.errors import MalformedError
+from ckpt.domain.errors import InvalidTypeError, MalformedError
 from ckpt.domain.frameworks import Framework
 from ckpt.testing import InMemoryStore
 from ckpt.watcher import ScanReport, Watcher
@@ -77,6 +77,14 @@ class TestScanReports:
         with pytest.raises(MalformedError):
             dcp_watcher(store, reports, clock).scan()
         assert [(r.error, r.succeeded) for r in reports.reports] == [("MalformedError", False)]
+
+
+class TestObserverArgument:
+    def test_an_observer_without_scanned_is_refused(self) -> None:
+        """``observer`` must have ``scanned``; anything else is refused up front, like every argument."""
+        store = InMemoryStore()
+        with pytest.raises(InvalidTypeError, match="observer"):
+            Watcher(store, Framework.DCP, store.exec_dir(ATTEMPT), 1, 1.0, observer=print)  # type: ignore[arg-type]
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:

@@ -38,7 +38,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import attrs
 
@@ -96,6 +96,7 @@ class ScanReport:
         return self.error is None
 
 
+@runtime_checkable
 class WatchObserver(Protocol):
     """Receives a :class:`ScanReport` for every scan of a :class:`Watcher` (rule 8)."""
 
@@ -135,6 +136,8 @@ class Watcher:
     ) -> None:
         require_instance(store, Store, "store")
         require_instance(framework, Framework, "framework")
+        if observer is not None:
+            require_instance(observer, WatchObserver, "observer")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_U64:
             raise InvalidError(f"epoch {epoch!r} is not an unsigned 64-bit integer")
         if not isinstance(saves_location, str) or not saves_location:
