@@ -22,7 +22,7 @@ import ckpt
 from ckpt.config import load_config
 from ckpt.creds import Chain, Credentials, EnvSource, Source, SourceSettings
 from ckpt.domain.errors import ConfigError, InvalidError
-from s3_support import http_settings, new_bucket_name
+from support.s3 import http_settings, new_bucket_name
 
 KEY_ID = "AKIDPLATFORM"
 SECRET = "platform-secret-never-shown"
@@ -65,7 +65,7 @@ def signatures(store: Any) -> list[str]:
         header = request.headers.get("Authorization")
         seen.append(header.decode() if isinstance(header, bytes) else str(header))
 
-    store._client.meta.events.register_first("before-send.s3", record)
+    store._bucket.client.meta.events.register_first("before-send.s3", record)
     return seen
 
 
@@ -78,7 +78,7 @@ class TestOpenStoreWithCredentials:
         store = ckpt.open_store(f"s3://{bucket}/run", config=config, environ={}, credentials=source)
         sent = signatures(store)
         save = f"s3://{bucket}/run/exec/a/checkpoint-1"
-        store._client.put_object(Bucket=bucket, Key="run/exec/a/checkpoint-1/model", Body=b"w")
+        store._bucket.client.put_object(Bucket=bucket, Key="run/exec/a/checkpoint-1/model", Body=b"w")
         entry = store.publish(1, 1, save)
         assert store.resolve() == entry
         assert source.fetches >= 1

@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID
 from ckpt.creds import chain_from_config
 from ckpt.creds.config import validate_credentials_config
 from ckpt.domain.errors import ConfigError, CredentialsError
-from fake_vault import FakeVault, _ServerWithApp
+from support.fake_vault import FakeVault, _ServerWithApp
 
 ROLE = "ckpt-publisher"
 JWT = "eyJhbGciOiJSUzI1NiJ9.MTLS-TEST-JWT.sig"

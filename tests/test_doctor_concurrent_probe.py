@@ -23,8 +23,8 @@ import boto3
 import pytest
 
 from ckpt.domain.exclusive_probe import judge_exclusive_creates
-from s3_support import new_bucket_name, serve_moto
 from support.forward_proxy import ForwardProxy, Match, StripRequestHeader
+from support.s3 import new_bucket_name, serve_moto
 
 TESTS = Path(__file__).parent
 KEYS = {"AWS_ACCESS_KEY_ID": "probe-test-key", "AWS_SECRET_ACCESS_KEY": "probe-test-secret"}

@@ -19,11 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import ckpt
 from ckpt.adapters.prometheus import WatchMetrics
+from ckpt.application.watcher import ScanReport, Watcher
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import InvalidTypeError, MalformedError
 from ckpt.domain.frameworks import Framework
 from ckpt.testing import InMemoryStore
-from ckpt.watcher import ScanReport, Watcher
 
 ATTEMPT = "2.4102.0"
 EPOCH = 2_000_000

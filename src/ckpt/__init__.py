@@ -34,10 +34,10 @@ from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
 from ckpt.store import open_store
 
 if TYPE_CHECKING:
+    from ckpt.application.verify import Verified, resolve_verified
+    from ckpt.application.watcher import Watcher
     from ckpt.domain.frameworks import Framework, parse_framework
     from ckpt.domain.proxy import ProxyRule
-    from ckpt.verify import Verified, resolve_verified
-    from ckpt.watcher import Watcher
 
 __all__ = [
     "CkptError",
@@ -90,9 +90,9 @@ _LAZY = {
     "ProxyRule": "ckpt.domain.proxy",
     "Framework": "ckpt.domain.frameworks",
     "parse_framework": "ckpt.domain.frameworks",
-    "Watcher": "ckpt.watcher",
-    "Verified": "ckpt.verify",
-    "resolve_verified": "ckpt.verify",
+    "Watcher": "ckpt.application.watcher",
+    "Verified": "ckpt.application.verify",
+    "resolve_verified": "ckpt.application.verify",
 }
 
 

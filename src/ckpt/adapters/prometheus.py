@@ -6,8 +6,8 @@ Rules:
    that is an ``InvalidError`` naming the extra, so ``ckpt watch`` without ``--metrics-port`` never needs it.
 2. Metrics live in a registry of their own, not the library's global one: nothing else in the process (a
    trainer that imports ``ckpt``) shows up in them, and a second server cannot collide with the first.
-3. The watcher knows nothing of Prometheus: :class:`WatchMetrics` is a :class:`~ckpt.watcher.WatchObserver`
-   fed one :class:`~ckpt.watcher.ScanReport` per scan. What a scrape shows:
+3. The watcher knows nothing of Prometheus: :class:`WatchMetrics` is a
+   :class:`~ckpt.application.watcher.WatchObserver` fed one ``ScanReport`` per scan. What a scrape shows:
 
    ========================================================  ==============================================
    ``ckpt_watch_saves_published_total``                      entries this watcher created
@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ckpt.application.watcher import ScanReport
 from ckpt.domain.errors import InvalidError
-from ckpt.watcher import ScanReport
 
 __all__ = ["MetricsServer", "WatchMetrics", "serve_watch_metrics"]
 
@@ -52,7 +52,7 @@ def _prometheus() -> Any:
 
 
 class WatchMetrics:
-    """A :class:`~ckpt.watcher.WatchObserver` that keeps the watcher's metrics in ``registry`` (rule 3)."""
+    """A ``WatchObserver`` (:mod:`ckpt.application.watcher`) keeping the metrics in ``registry`` (rule 3)."""
 
     def __init__(self, registry: Any, version: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         prometheus = _prometheus()

@@ -175,9 +175,9 @@ def _cmd_resolve(ctx: Context) -> int:
     store = ctx.store()
     skipped: list[dict[str, Any]] = []
     if ctx.args.framework:
+        from ckpt.application.verify import resolve_verified
         from ckpt.cli.output import entry_document
         from ckpt.domain.frameworks import parse_framework, parse_world_size
-        from ckpt.verify import resolve_verified
 
         # The world size of the run that *wrote* the saves: given explicitly, never taken from WORLD_SIZE,
         # which describes the resuming run (docs/adr/0008-watcher.md).

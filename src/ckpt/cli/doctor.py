@@ -83,10 +83,15 @@ def _check_proxy(store: S3Store) -> tuple[bool, str]:
     return ok, "; ".join(lines)
 
 
-def _probe_s3(store: S3Store) -> tuple[bool, str, dict[str, int]]:
+def _probe(store: object) -> tuple[bool, str, dict[str, int]]:
+    from ckpt.domain.ports import ProbesExclusiveCreate
+
+    if not isinstance(store, ProbesExclusiveCreate):
+        return False, "this store cannot probe exclusive create", {}
     probe = store.probe_exclusive_create()
+    # Only a concurrent probe (S3) counts its creates; --json shows the numbers then.
     numbers = {"writers": probe.writers, "created": probe.created, "refused": probe.refused}
-    return probe.honoured, probe.detail, numbers
+    return probe.honoured, probe.detail, numbers if probe.writers else {}
 
 
 def _checks(ctx: Context, numbers: dict[str, dict[str, int]]) -> list[tuple[str, bool, str]]:
@@ -117,14 +122,9 @@ def _checks(ctx: Context, numbers: dict[str, dict[str, int]]) -> list[tuple[str,
             check("credentials", lambda: _describe_credentials(s3_store))
         check("proxy", lambda: _check_proxy(s3_store))
         if root_ok:
-            check("exclusive-create", lambda: _probe_s3(s3_store))
-    elif not root_ok:
-        return results
-    else:
-        from ckpt.adapters.posix import PosixStore, probe_exclusive_create
-
-        assert isinstance(store, PosixStore)
-        check("exclusive-create", lambda: probe_exclusive_create(store))
+            check("exclusive-create", lambda: _probe(s3_store))
+    elif root_ok:
+        check("exclusive-create", lambda: _probe(store))
     return results
 
 

@@ -49,7 +49,7 @@ from ckpt.domain.ports import WatchStore
 from ckpt.domain.redaction import redact_url
 
 if TYPE_CHECKING:
-    from ckpt.watcher import WatchObserver
+    from ckpt.application.watcher import WatchObserver
 
 __all__ = ["register", "run"]
 
@@ -248,7 +248,7 @@ def run(
     ``InvalidError``; a failed or timed-out scan raises its error (rules 3, 4).
     """
     from ckpt import __version__
-    from ckpt.watcher import Watcher  # imported here: keeps ``ckpt --help`` light
+    from ckpt.application.watcher import Watcher  # imported here: keeps ``ckpt --help`` light
 
     env = os.environ if environ is None else environ
     framework = parse_framework(args.framework)

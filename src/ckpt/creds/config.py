@@ -60,6 +60,9 @@ _AUTH_KEYS: Mapping[str, tuple[str, ...]] = {
     "kubernetes": ("method", "mount", "role", "jwt_file"),
     "approle": ("method", "mount", "role_id", "role_id_file", "secret_id", "secret_id_file"),
 }
+#: The longest duration any setting accepts: ``ckpt.config.MAX_SECONDS``, restated because the credential
+#: layer sits below the configuration module and may not import it (the layer contract).
+_MAX_SECONDS = 10_000_000
 _FIELD_KEYS = ("access_key_id", "secret_access_key", "session_token")
 
 
@@ -186,16 +189,14 @@ def _auth(table: _Table) -> KubernetesAuth | AppRoleAuth:
 
 
 def _seconds(table: _Table, name: str, *, default: float) -> float:
-    """Seconds above 0 and at most ``MAX_SECONDS`` (the bound of every duration), or ``default``."""
-    from ckpt.config import MAX_SECONDS
-
+    """Seconds above 0 and at most ``_MAX_SECONDS`` (the bound of every duration), or ``default``."""
     if name not in table.table:
         return default
     value = table.table[name]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_SECONDS:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= _MAX_SECONDS:
         key = table.key(name)
         raise ConfigError(
-            f"{key} must be a number of seconds above 0 and at most {MAX_SECONDS}, got {value!r}", key=key
+            f"{key} must be a number of seconds above 0 and at most {_MAX_SECONDS}, got {value!r}", key=key
         )
     return float(value)
 
