@@ -36,12 +36,21 @@ def _run(*cmd: str, env: dict[str, str] | None = None) -> int:
     return subprocess.call(cmd, cwd=HERE, env=env)
 
 
+# Packages the test suite needs installed beside ckpt: the example credential-source plugin
+# (docs/credentials-plugins.md).
+_TEST_PLUGINS = ("tests/plugins/ckpt_example_source",)
+
+
 def ensure_venv(extras: str = "") -> None:
     """Create .venv and install ckpt (editable) with ``extras``, unless already done for this pyproject."""
     if sys.version_info < (3, 11):  # noqa: UP036 - this script runs under whatever python3 the user has
         sys.exit(f"ckpt needs Python 3.11 or newer; this is {sys.version.split()[0]}")
-    with open(os.path.join(HERE, "pyproject.toml"), "rb") as f:
-        digest = hashlib.sha256(f.read() + extras.encode()).hexdigest()[:16]
+    plugins = _TEST_PLUGINS if "test" in extras.split(",") else ()
+    hashed = b""
+    for project in (".", *plugins):
+        with open(os.path.join(HERE, project, "pyproject.toml"), "rb") as f:
+            hashed += f.read()
+    digest = hashlib.sha256(hashed + extras.encode()).hexdigest()[:16]
     stamp = os.path.join(VENV, f".ckpt-installed-{digest}")
     if os.path.exists(stamp):
         return
@@ -59,6 +68,9 @@ def ensure_venv(extras: str = "") -> None:
     shutil.rmtree(os.path.join(HERE, "src", "ckpt.egg-info"), ignore_errors=True)
     if _run(*pip, "install", "--quiet", "-e", target) != 0:
         sys.exit("installing ckpt into .venv failed")
+    for plugin in plugins:  # real installed packages, so the tests load them through their entry points
+        if _run(*pip, "install", "--quiet", "-e", plugin) != 0:
+            sys.exit(f"installing the test plugin {plugin} into .venv failed")
     open(stamp, "w").close()
 
 

@@ -27,6 +27,12 @@ PUBLISH_EPOCH = 9
 KEEP = 10
 # (removed entries, objects in each removed save): one sharded save, then many small ones.
 PRUNES = ((1, 1500), (100, 2))
+# The 100 x 2 prune again with a round trip added to every request (client-side, as a network would): where
+# the listings' concurrency shows. The old sequential prune sent 206 requests one after the other (203, and
+# the prune journal's 3).
+LATENCY_SECONDS = 0.03
+SEQUENTIAL_REQUESTS = 206
+LATENCY_BUCKET = "ckpt-bench-prune-latency"
 
 
 def _bucket(size: int) -> str:
@@ -58,6 +64,8 @@ def _seed(ctx: Context) -> dict[str, dict[str, bytes]]:
             for n in range(count):
                 objects[f"{entry.save}/shard-{n:05d}.distcp"] = b"x"
         seed[_prune_bucket(removed)] = objects
+        if (removed, per_save) == (100, 2):
+            seed[LATENCY_BUCKET] = dict(objects)
     return seed
 
 
@@ -198,7 +206,9 @@ def _prune_rows(client: Any, counter: RequestCounter) -> list[Row]:
         timed = _Timed(counter)
         result = timed(lambda store=store: store.prune(KEEP))
         sent = timed.requests[0]
-        deletes = math.ceil(removed / 1000) + removed * math.ceil(per_save / 1000)
+        # Entries, then every folder's objects batched across folders (s3.py rule 3).
+        deletes = math.ceil(removed / 1000) + math.ceil(removed * per_save / 1000)
+        folder_lists = removed * math.ceil(per_save / 1000)  # one listing a folder (a page is 1000 keys)
         what = "1 entry + 1 folder" if removed == 1 else f"{removed} entries + {removed} folders"
         done = getattr(result, "removed_entries", ()), getattr(result, "removed_folders", ())
         note = ""
@@ -209,12 +219,42 @@ def _prune_rows(client: Any, counter: RequestCounter) -> list[Row]:
                 "S3 prune",
                 f"keep={KEEP} of {removed + KEEP}: {what} of {per_save:,} objects",
                 f"{timed.shown()}; {describe(sent)}",
-                target=f"DeleteObjects = ceil(k/1000) + sum ceil(objects/1000) = {deletes}",
-                passed=sent["DeleteObjects"] == deletes and not note,
+                target=(
+                    f"DeleteObjects = ceil(k/1000) + ceil(all objects/1000) = {deletes}, "
+                    f"folder listings = {folder_lists}"
+                ),
+                passed=sent["DeleteObjects"] == deletes
+                and sent["ListObjectsV2"] <= folder_lists + 3  # pub/ twice, and the prune journal's listing
+                and not note,
                 note=note,
             )
         )
     return rows
+
+
+def _prune_latency_row(client: Any, counter: RequestCounter) -> Row:
+    """The 100 x 2 prune with ``LATENCY_SECONDS`` added to each request, against the sequential figure."""
+
+    def round_trip(**_: Any) -> None:
+        time.sleep(LATENCY_SECONDS)
+
+    client.meta.events.register("before-send.s3", round_trip, unique_id="bench-round-trip")
+    try:
+        store = S3Store(f"s3://{LATENCY_BUCKET}", client)
+        timed = _Timed(counter)
+        timed(lambda: store.prune(KEEP))
+    finally:
+        client.meta.events.unregister("before-send.s3", unique_id="bench-round-trip")
+    sent = timed.requests[0]
+    sequential = SEQUENTIAL_REQUESTS * LATENCY_SECONDS  # the old prune's waiting alone, one after the other
+    return Row(
+        "S3 prune (30 ms round trip)",
+        f"keep={KEEP} of 110: 100 entries + 100 folders of 2 objects",
+        f"{timed.shown()}; {describe(sent)}",
+        baseline=f"{ms(sequential)} ({SEQUENTIAL_REQUESTS} sequential requests x 30 ms, no server time)",
+        target="well under the sequential figure (< half)",
+        passed=timed.best() < sequential / 2,
+    )
 
 
 @benchmark("s3")
@@ -230,6 +270,7 @@ def bench_s3(ctx: Context) -> list[Row]:
             # Steps above every seeded entry's, so each publish creates a new, greatest entry.
             publishing += _publish_rows(ctx, client, counter, size, step=10**9)
         prunes = _prune_rows(client, counter)
+        prunes.append(_prune_latency_row(client, counter))
     resolves = [row for row in listing if row.benchmark == "S3 resolve"]
     entries = [row for row in listing if row.benchmark == "S3 entries"]
     first_publish = [row for row in publishing if row.benchmark == "S3 publish"]

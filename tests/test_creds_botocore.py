@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -486,6 +487,44 @@ class TestAuthRetry:
         with pytest.raises(CredentialsError, match="backend unavailable"):
             put(client, "k2")
         assert gate.keys == ["AKIDONE", "AKIDONE"]
+
+    def test_concurrent_auth_errors_cause_one_refresh(self, gate: Gate, clock: DateClock) -> None:
+        """Many threads rejected at once with the same key: one forced refresh, and every retry uses it."""
+        threads = 8  # below botocore's connection pool (10), so every request is on the wire at once
+        source = RotatingSource("AKIDONE")
+        client = client_for(make_botocore_session(source, clock=clock), gate, max_attempts=1)
+        put(client)  # the first fetch
+        all_rejected = threading.Barrier(threads, timeout=30)
+        rejected = 0
+
+        def reject_once_all_arrived(request: RecordedRequest) -> Answer | None:
+            nonlocal rejected
+            if "Credential=AKIDONE/" not in request.headers.get("authorization", ""):
+                return None
+            all_rejected.wait()  # every thread's request is signed with AKIDONE before any is answered
+            rejected += 1
+            body = b"<Error><Code>InvalidAccessKeyId</Code><Message>rotated</Message></Error>"
+            return Answer(403, body, {"Content-Type": "application/xml"})
+
+        gate.relay.intercept = reject_once_all_arrived
+        source.key_id = "AKIDTWO"
+        failures: list[BaseException] = []
+
+        def upload(index: int) -> None:
+            try:
+                put(client, f"k-{index}")
+            except BaseException as exc:  # handed to the test thread
+                failures.append(exc)
+
+        workers = [threading.Thread(target=upload, args=(i,)) for i in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        assert failures == []
+        assert rejected == threads
+        assert source.fetches == 2  # the first fetch and exactly one refresh
+        assert sorted(gate.keys) == sorted(["AKIDONE"] * (threads + 1) + ["AKIDTWO"] * threads)
 
 
 ROLE = "ckpt-publisher"

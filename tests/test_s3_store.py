@@ -14,6 +14,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -495,13 +496,20 @@ class TestPrune:
         for step in (1, 2, 3):
             http.put(f"exec/a/ck-{step}/model.bin")
             store.publish(1, step, store.location(Entry(1, step, f"exec/a/ck-{step}")))
-        answer_instead(
-            client,
-            "DeleteObjects",
-            200,
-            _refuse_every_key("AccessDenied"),
-            when=lambda request: b"exec/a/ck-1/" in request.body,
-        )
+        # The folders' objects go out in one DeleteObjects: the storage deletes the others and refuses
+        # exec/a/ck-1's (taken out of the request before it is signed, reported refused in the answer).
+        held: list[str] = []
+
+        def hold_ck_1(params: dict[str, Any], **_: Any) -> None:
+            objects = params["Delete"]["Objects"]
+            held.extend(o["Key"] for o in objects if o["Key"].startswith("exec/a/ck-1/"))
+            params["Delete"]["Objects"] = [o for o in objects if o["Key"] not in held]
+
+        def refuse_held(parsed: dict[str, Any], **_: Any) -> None:
+            parsed["Errors"] = [{"Key": key, "Code": "AccessDenied"} for key in held]
+
+        client.meta.events.register("provide-client-params.s3.DeleteObjects", hold_ck_1)
+        client.meta.events.register("after-call.s3.DeleteObjects", refuse_held)
         with pytest.raises(StorageError) as caught:
             store.prune(1)
         message = str(caught.value)
@@ -690,13 +698,25 @@ class TestErrorTranslation:
 
 
 class TestProbeExclusiveCreate:
-    def test_moto_honours_exclusive_create_and_the_probe_leaves_nothing(self, moto: InProcess) -> None:
-        """The probe's second create is refused with 412 and the probe object is deleted afterwards."""
+    def test_moto_honours_exclusive_create_and_the_probe_leaves_nothing(
+        self, moto: InProcess, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Of eight concurrent creates one wins, seven get 412, and the probe object is deleted afterwards."""
+        from moto.s3.responses import S3Response
+
+        # moto checks the condition and then writes; made atomic here, as S3 is (support/atomic_moto_server).
+        put_object, lock = S3Response.put_object, threading.Lock()
+
+        def atomic_put_object(self: Any) -> Any:
+            with lock:
+                return put_object(self)
+
+        monkeypatch.setattr(S3Response, "put_object", atomic_put_object)
         store, log, _client = moto.store()
         result = store.probe_exclusive_create()
-        assert result.honoured is True
+        assert (result.honoured, result.writers, result.created, result.refused) == (True, 8, 1, 7)
         assert result.location.startswith(f"{store.root}/.ckpt-doctor/")
-        assert log.operations() == ["PutObject", "PutObject", "DeleteObject"]
+        assert log.operations() == ["PutObject"] * 8 + ["DeleteObject"]
         assert moto.keys(f"{ROOT_PREFIX}/") == []
 
     def test_a_storage_ignoring_if_none_match_is_reported(self, http: OverHttp) -> None:

@@ -81,6 +81,8 @@ __all__ = [
     "validate_save",
 ]
 
+#: The package version, kept here only: pyproject.toml reads it (``dynamic``), and so the installed
+#: distribution's metadata, ``ckpt --version``, the sidecar's start-up line and ``doctor --json`` all agree.
 __version__ = "0.1.0"
 
 

@@ -15,18 +15,27 @@ from ckpt.domain.redaction import redact_url
 
 if TYPE_CHECKING:
     from ckpt.config import Config
+    from ckpt.creds.model import Source
     from ckpt.domain.ports import WatchStore
 
 __all__ = ["open_store"]
 
 
 def open_store(
-    root: str, *, config: Config | None = None, environ: Mapping[str, str] | None = None
+    root: str,
+    *,
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    credentials: Source | None = None,
 ) -> WatchStore:
     """Return the store for ``root``: a :class:`PosixStore` or an S3 store.
 
     ``config`` carries the S3 client settings, the proxy table and the credential chain; ``environ``
     (default ``os.environ``) is where the proxy variables and the env credential source are read.
+    ``credentials`` is any :class:`ckpt.creds.Source` (a :class:`ckpt.creds.Chain` included) an S3 store
+    signs with instead of the configuration's ``[[credentials]]`` chain; it is fetched at the first request
+    and again at every refresh, exactly like a configured chain. A POSIX root signs nothing and ignores it.
+    Something that is not a ``Source`` (no ``name``, no ``fetch``) is an ``InvalidError``.
     """
     require_str(root, "root")
     if environ is not None:
@@ -37,12 +46,22 @@ def open_store(
         require_instance(config, Config, "config")
     if not root:
         raise InvalidError(f"root {root!r} must be an absolute path or an s3:// URL")
+    if credentials is not None:
+        from ckpt.creds.model import Source
+
+        if not isinstance(credentials, Source):
+            raise InvalidError(
+                f"credentials must be a ckpt.creds.Source (a name and a fetch method), "
+                f"got a {type(credentials).__name__}"
+            )
     if root.startswith("s3://"):
         from ckpt.adapters.s3 import open_s3_store
         from ckpt.config import Config
 
         env = os.environ if environ is None else environ
-        s3_store: WatchStore = open_s3_store(root, config=config or Config(), environ=env)
+        s3_store: WatchStore = open_s3_store(
+            root, config=config or Config(), environ=env, credentials=credentials
+        )
         return s3_store
     if "://" in root:
         shown = redact_url(root, keep_user=False)

@@ -84,8 +84,15 @@ def tmpfs_root(tmpfs_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start ``python -m moto.server`` on a free loopback port for the session; yield its endpoint URL."""
-    with serve_moto(tmp_path_factory.mktemp("moto-server") / "server.log") as endpoint:
+    """Start moto's server on a free loopback port for the session; yield its endpoint URL.
+
+    It is ``tests/support/atomic_moto_server.py``: moto with ``PutObject`` atomic, as S3 has it. Stock moto
+    lets concurrent conditional puts of one key both win, which ``ckpt doctor``'s concurrent probe rightly
+    reports as a broken storage.
+    """
+    log = tmp_path_factory.mktemp("moto-server") / "server.log"
+    tests = str(Path(__file__).resolve().parent.parent)
+    with serve_moto(log, module="support.atomic_moto_server", cwd=tests) as endpoint:
         yield endpoint
 
 

@@ -26,6 +26,10 @@ Rules this module keeps (docs/adr/0008-watcher.md says why):
    waited for: once the rank finished, the changed listing would need a whole settle time again.)
 7. With a world size above 1 (``hf``), a save whose other markers pass is listed and its ranks' files read
    (``read_rank_states``) on every scan until it is published; the listing doubles as the settle look.
+8. Every scan that ends, or fails, or times out is reported to the ``observer`` (a :class:`WatchObserver`,
+   such as the metrics of ``ckpt watch --metrics-port``) as one :class:`ScanReport`, after the scan and
+   from the thread that ran it; a timed-out scan is reported by the waiting thread. The watcher knows
+   nothing of how reports are exported; an observer must not raise (what it raises ends the scan's caller).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import attrs
 
@@ -54,7 +59,7 @@ from ckpt.domain.frameworks import (
 )
 from ckpt.domain.ports import Store, SyncsSaves, WatchStore
 
-__all__ = ["Watcher"]
+__all__ = ["ScanReport", "WatchObserver", "Watcher"]
 
 _log = logging.getLogger("ckpt.watcher")
 
@@ -72,6 +77,35 @@ def _key(location: str) -> str:
     return location.rstrip("/")
 
 
+@attrs.frozen
+class ScanReport:
+    """What one scan did (rule 8).
+
+    ``duration`` is the scan's time in seconds on the watcher's clock; ``created`` the entries it published,
+    in step order; ``waiting`` how many save folders it found that are still not published (settling,
+    incomplete, or without ``.metadata``); ``error`` the type name of the error that ended it (for a timeout
+    ``ScanTimeoutError``), ``None`` when it succeeded. A failed scan may still have published entries first.
+    """
+
+    duration: float
+    created: tuple[Entry, ...] = ()
+    waiting: int = 0
+    error: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error is None
+
+
+@runtime_checkable
+class WatchObserver(Protocol):
+    """Receives a :class:`ScanReport` for every scan of a :class:`Watcher` (rule 8)."""
+
+    def scanned(self, report: ScanReport) -> None:
+        """Take note of one scan; called from the thread that ran it, so it must be thread-safe."""
+        ...
+
+
 class Watcher:
     """Publishes the complete saves a framework writes into ``saves_location``, at ``epoch``.
 
@@ -82,7 +116,8 @@ class Watcher:
     last; ``world_size`` (``None``: unknown) the number of training processes, whose per-rank files an
     ``hf`` save must all hold when above 1; ``scan_timeout`` (``None``: none) bounds each scan in
     :meth:`watch`; ``on_published`` is called with each entry a scan creates, in step order, from the thread
-    that runs the scan. ``clock`` is a monotonic clock in seconds (tests pass a fake one to :meth:`scan`).
+    that runs the scan; ``observer`` receives a :class:`ScanReport` after every scan (rule 8). ``clock`` is a
+    monotonic clock in seconds (tests pass a fake one to :meth:`scan`).
     """
 
     def __init__(
@@ -97,10 +132,13 @@ class Watcher:
         scan_timeout: float | None = None,
         world_size: int | None = None,
         on_published: Callable[[Entry], None] | None = None,
+        observer: WatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         require_instance(store, Store, "store")
         require_instance(framework, Framework, "framework")
+        if observer is not None:
+            require_instance(observer, WatchObserver, "observer")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_U64:
             raise InvalidError(f"epoch {epoch!r} is not an unsigned 64-bit integer")
         if not isinstance(saves_location, str) or not saves_location:
@@ -121,10 +159,12 @@ class Watcher:
         self.world_size = None if world_size is None else check_world_size(world_size)
         self._rank_files = rank_files(framework, self.world_size)
         self.on_published = on_published
+        self.observer = observer
         self.clock = clock
         self._published: set[str] | None = None  # locations published at our epoch; None until learned
         self._settling: dict[str, Listing] = {}  # location -> first look since which nothing changed
         self._outstanding: set[str] = set()  # dcp saves still waiting for .metadata (rule 6)
+        self._waiting = 0  # save folders the last complete scan found unpublished (rule 8)
         self._scan_lock = threading.Lock()
         self._spent = False  # a scan timed out: publish nothing more (rule 5)
 
@@ -149,9 +189,22 @@ class Watcher:
         try:
             if self._spent:
                 raise ScanTimeoutError("this watcher's scan timed out before; start a new watcher")
-            return self._scan()
+            started = self.clock()
+            created: list[Entry] = []
+            try:
+                self._scan(created)
+            except Exception as exc:
+                self._report(started, created, error=type(exc).__name__)
+                raise
+            self._report(started, created, error=None)
+            return created
         finally:
             self._scan_lock.release()
+
+    def _report(self, started: float, created: list[Entry], *, error: str | None) -> None:
+        if self.observer is not None:
+            duration = max(0.0, self.clock() - started)
+            self.observer.scanned(ScanReport(duration, tuple(created), self._waiting, error))
 
     def _learn_published(self) -> set[str]:
         if self._published is None:
@@ -162,11 +215,11 @@ class Watcher:
             }
         return self._published
 
-    def _scan(self) -> list[Entry]:
+    def _scan(self, created: list[Entry]) -> None:
+        """Scan once, appending each entry created to ``created`` as it is created."""
         published = self._learn_published()
         base = _key(self.saves_location)
         folders = {folder.name: _key(folder.location) for folder in self.store.folders(base)}
-        created: list[Entry] = []
         seen: set[str] = set()
         self._outstanding = set()
         for save in save_folders(self.framework, folders):
@@ -180,7 +233,7 @@ class Watcher:
         self._settling = {
             loc: look for loc, look in self._settling.items() if loc in seen and loc not in published
         }
-        return created
+        self._waiting = len(seen - published)
 
     def _is_complete(self, location: str) -> bool:
         markers = read_markers(self.store, self.framework, location)
@@ -246,10 +299,12 @@ class Watcher:
                 outcome.append(exc)
 
         worker = threading.Thread(target=run, name="ckpt-watcher-scan", daemon=True)
+        started = self.clock()
         worker.start()
         worker.join(self.scan_timeout)
         if worker.is_alive():
             self._spent = True
+            self._report(started, [], error=ScanTimeoutError.__name__)
             raise ScanTimeoutError(
                 f"a scan of {self.saves_location} took longer than {self.scan_timeout:g}s "
                 "(the store is too slow or stopped answering)"

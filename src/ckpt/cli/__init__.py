@@ -50,6 +50,17 @@ class UsageError(Exception):
     """A command-line usage error (exit 2)."""
 
 
+class _VersionRequested(Exception):  # noqa: N818 - a signal from the parser to main, not an error
+    """``--version`` was given: print the version and run nothing."""
+
+
+class _ShowVersion(argparse.Action):
+    """``--version``: stop parsing at once (before the required COMMAND is checked) and say so to main."""
+
+    def __call__(self, *_args: Any, **_kwargs: Any) -> NoReturn:
+        raise _VersionRequested
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
@@ -281,6 +292,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="text", choices=("text", "json"))
+    parser.add_argument("--version", action=_ShowVersion, nargs=0, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -344,6 +356,11 @@ def main(
     arguments = sys.argv[1:] if argv is None else argv
     try:
         args = build_parser(arguments).parse_args(arguments)
+    except _VersionRequested:
+        from ckpt import __version__
+
+        out.write(f"ckpt {__version__}\n")
+        return EXIT_OK
     except UsageError as exc:
         err.write(f"ckpt: {one_line(str(exc))} (see ckpt --help)\n")
         return EXIT_USAGE

@@ -8,9 +8,11 @@ Checks, each reported with a name, a verdict and one line of detail (never a sec
   virtual-hosted addressing; the endpoint when no request was sent), the proxy it is routed through,
   user-info redacted, or ``direct``. It fails when such a proxy does not accept a TCP connection, and
   runs even when the root check failed, since an unreachable proxy is a likely reason.
-* ``exclusive-create``: the store refuses a second exclusive create of the same name. On S3 this catches
-  servers that ignore ``If-None-Match: *`` and would silently overwrite entries; on POSIX it also proves the
-  root is writable and fsync works.
+* ``exclusive-create``: on S3, eight concurrent ``If-None-Match: *`` creates of one new key make exactly one
+  winner and seven 412s (``--json`` adds ``writers``, ``created`` and ``refused``). This catches servers
+  that ignore the condition (or a proxy that strips it) and servers that check and then write, letting two
+  concurrent writers both win: either would silently break the log. On POSIX the store refuses a second
+  exclusive create of the same name, which also proves the root is writable and fsync works.
 
 Exit 0 when every check passes, 1 otherwise.
 """
@@ -81,24 +83,29 @@ def _check_proxy(store: S3Store) -> tuple[bool, str]:
     return ok, "; ".join(lines)
 
 
-def _probe(store: object) -> tuple[bool, str]:
+def _probe(store: object) -> tuple[bool, str, dict[str, int]]:
     from ckpt.domain.ports import ProbesExclusiveCreate
 
     if not isinstance(store, ProbesExclusiveCreate):
-        return False, "this store cannot probe exclusive create"
+        return False, "this store cannot probe exclusive create", {}
     probe = store.probe_exclusive_create()
-    return probe.honoured, probe.detail
+    # Only a concurrent probe (S3) counts its creates; --json shows the numbers then.
+    numbers = {"writers": probe.writers, "created": probe.created, "refused": probe.refused}
+    return probe.honoured, probe.detail, numbers if probe.writers else {}
 
 
-def _checks(ctx: Context) -> list[tuple[str, bool, str]]:
+def _checks(ctx: Context, numbers: dict[str, dict[str, int]]) -> list[tuple[str, bool, str]]:
+    """Run the checks; a check that counted something (the probe's creates) leaves it in ``numbers``."""
     results: list[tuple[str, bool, str]] = []
 
     def check(name: str, probe: Any) -> bool:
         try:
-            ok, detail = probe()
+            ok, detail, *counted = probe()
         except CkptError as exc:
-            ok, detail = False, str(exc)
+            ok, detail, counted = False, str(exc), []
         results.append((name, ok, detail))
+        if counted:
+            numbers[name] = counted[0]
         return bool(ok)
 
     root_ok = check("root", lambda: _check_root(ctx))
@@ -123,13 +130,15 @@ def _checks(ctx: Context) -> list[tuple[str, bool, str]]:
 
 def run(ctx: Context) -> int:
     """Run every check and print the verdicts."""
+    from ckpt import __version__
     from ckpt.cli.output import print_json
 
-    results = _checks(ctx)
+    numbers: dict[str, dict[str, int]] = {}
+    results = _checks(ctx, numbers)
     ok = all(passed for _, passed, _ in results)
     if ctx.json:
-        checks = [{"name": n, "ok": passed, "detail": d} for n, passed, d in results]
-        print_json({"ok": ok, "checks": checks}, ctx.stdout)
+        checks = [{"name": n, "ok": passed, "detail": d, **numbers.get(n, {})} for n, passed, d in results]
+        print_json({"ok": ok, "version": __version__, "checks": checks}, ctx.stdout)
     else:
         for name, passed, detail in results:
             ctx.say(f"{'ok  ' if passed else 'FAIL'} {name}: {detail}")

@@ -20,6 +20,11 @@ Rules:
 5. ``--json`` prints ``{"published": [entry, ...]}`` once the watch ends normally.
 6. No seconds option (rule 1) exceeds ``ckpt.config.MAX_SECONDS`` (10,000,000, about 115 days): far below
    what the platform can wait for, so a huge value is refused (exit 2) instead of overflowing a wait.
+7. ``--metrics-port PORT`` (0 to 65535; 0 picks a free port) serves the Prometheus text format at
+   ``/metrics`` on ``--metrics-address`` (an IP address, default ``127.0.0.1``) for as long as the watch
+   runs (``ckpt.adapters.prometheus``); the URL is logged before the first scan. ``--metrics-address``
+   without ``--metrics-port`` is an ``InvalidError``; so is a missing ``prometheus_client`` (the
+   ``metrics`` extra); an address that cannot be bound fails the command (exit 1).
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ import re
 import signal
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from types import FrameType
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ckpt.config import MAX_SECONDS
 from ckpt.domain.entries import Entry, parse_epoch, validate_save
@@ -43,12 +48,16 @@ from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import WatchStore
 from ckpt.domain.redaction import redact_url
 
+if TYPE_CHECKING:
+    from ckpt.application.watcher import WatchObserver
+
 __all__ = ["register", "run"]
 
 _log = logging.getLogger("ckpt.watch")
 
 DEFAULT_INTERVAL = 10.0
 DEFAULT_SCAN_TIMEOUT = 120.0
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 # Rule 1: a plain decimal number of seconds. float() alone would also take "-1", "1e3", "inf", "nan", "1_0".
 _SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 
@@ -95,6 +104,16 @@ def register(commands: Any) -> None:
     )
     p.add_argument(
         "--once", action="store_true", help="scan once (waiting at most the settle time), then exit"
+    )
+    p.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        help="serve Prometheus metrics at http://ADDR:PORT/metrics (0: any free port; the metrics extra)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        metavar="ADDR",
+        help=f"IP address the metrics endpoint listens on (default {DEFAULT_METRICS_ADDRESS})",
     )
     p.set_defaults(handler=_handle)
 
@@ -159,6 +178,33 @@ def _world_size(args: argparse.Namespace, environ: Mapping[str, str]) -> int | N
         raise InvalidError(f"WORLD_SIZE in the environment: {exc}") from exc
 
 
+def _metrics_endpoint(args: argparse.Namespace) -> tuple[str, int] | None:
+    """``(address, port)`` from ``--metrics-address`` and ``--metrics-port``, or ``None`` (rule 7)."""
+    import ipaddress
+
+    port_text: str | None = getattr(args, "metrics_port", None)
+    address: str | None = getattr(args, "metrics_address", None)
+    if port_text is None:
+        if address is not None:
+            raise InvalidError(
+                "--metrics-address applies to the metrics endpoint: pass --metrics-port as well"
+            )
+        return None
+    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and int(port_text) <= 65535):
+        shown = port_text if len(port_text) <= 40 else port_text[:40] + "..."
+        raise InvalidError(f"--metrics-port {shown!r} must be a port number from 0 to 65535")
+    if address is None:
+        address = DEFAULT_METRICS_ADDRESS
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        shown = address if len(address) <= 60 else address[:60] + "..."
+        raise InvalidError(
+            f"--metrics-address {shown!r} must be an IP address (such as 127.0.0.1, 0.0.0.0 or ::)"
+        ) from None
+    return address, int(port_text)
+
+
 @contextmanager
 def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
     """Set ``stop`` on SIGTERM and SIGINT while inside; restore the previous handlers after.
@@ -201,6 +247,7 @@ def run(
     Returns 0 when the watch ends normally (stopped by a signal, or ``--once``). Invalid arguments raise
     ``InvalidError``; a failed or timed-out scan raises its error (rules 3, 4).
     """
+    from ckpt import __version__
     from ckpt.application.watcher import Watcher  # imported here: keeps ``ckpt --help`` light
 
     env = os.environ if environ is None else environ
@@ -219,6 +266,7 @@ def run(
     epoch = _epoch(args, env)
     location = saves_location(store, args, env)
     world_size = _world_size(args, env)
+    endpoint = _metrics_endpoint(args)
 
     def published(entry: Entry) -> None:
         # The entry's fields go in as structured fields: the text format prints them as key=value, the
@@ -233,22 +281,33 @@ def run(
             },
         )
 
-    watcher = Watcher(
-        store,
-        framework,
-        location,
-        epoch,
-        interval,
-        settle=settle,
-        scan_timeout=scan_timeout,
-        world_size=world_size,
-        on_published=published,
-    )
     own_handlers = stop is None
     stop = threading.Event() if stop is None else stop
     if args.once:
         stop.set()
-    with _stop_on_signals(stop) if own_handlers else nullcontext():
+    with ExitStack() as cleanup:
+        observer: WatchObserver | None = None
+        if endpoint is not None:  # rule 7
+            from ckpt.adapters.prometheus import serve_watch_metrics
+
+            observer, server = serve_watch_metrics(*endpoint, version=__version__)
+            cleanup.callback(server.close)
+            _log.info("serving metrics at %s", server.url)
+        watcher = Watcher(
+            store,
+            framework,
+            location,
+            epoch,
+            interval,
+            settle=settle,
+            scan_timeout=scan_timeout,
+            world_size=world_size,
+            on_published=published,
+            observer=observer,
+        )
+        cleanup.enter_context(_stop_on_signals(stop) if own_handlers else nullcontext())
+        # The version is a field of this line (``version=...`` in text, a key in JSON), so a platform team
+        # can tell which build a pod runs.
         _log.info(
             "watching %s for %s saves at epoch %d every %gs (settle %gs, scan timeout %gs, world size %s)%s",
             location,
@@ -259,6 +318,7 @@ def run(
             scan_timeout,
             "unknown" if world_size is None else world_size,
             " once" if args.once else "",
+            extra={"version": __version__},
         )
         created = watcher.watch(stop)
     _log.info("stopped; published %d save(s)", len(created))

@@ -1,5 +1,6 @@
 """S3 credentials for ``ckpt`` (SPEC §6): the ``Credentials`` value, the ``Source`` port, the ordered chain,
-the four sources (``env``, ``file``, ``vault``, ``aws-default``) and the ``[[credentials]]`` configuration.
+the four sources (``env``, ``file``, ``vault``, ``aws-default``), the ``[[credentials]]`` configuration, and
+the ``ckpt.credential_sources`` entry-point group through which other packages add kinds of source.
 
 Importing this package imports neither ``botocore`` nor ``hvac``; the sources import them when they first
 need them. The botocore session that signs with a chain lives in :mod:`ckpt.creds.botocore_session`, which
@@ -16,9 +17,11 @@ from ckpt.creds.config import chain_from_config, validate_credentials_config
 from ckpt.creds.env import EnvSource
 from ckpt.creds.files import FileSource
 from ckpt.creds.model import Credentials, Source
+from ckpt.creds.plugins import ENTRY_POINT_GROUP, SourceSettings
 from ckpt.creds.vault import AppRoleAuth, KubernetesAuth, VaultFields, VaultSource
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "AppRoleAuth",
     "AwsDefaultSource",
     "Chain",
@@ -27,6 +30,7 @@ __all__ = [
     "FileSource",
     "KubernetesAuth",
     "Source",
+    "SourceSettings",
     "VaultFields",
     "VaultSource",
     "chain_from_config",

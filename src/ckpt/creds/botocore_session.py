@@ -23,6 +23,10 @@ Rules for this module:
   ``AccessDenied`` is an *authorization* answer (valid keys, a policy says no) and is not retried: new keys
   rarely change a policy decision and retrying every denial would double the traffic of a permanent error.
   A ``HEAD`` answer has no body, so its auth errors carry no code and are not retried either.
+- The forced refresh is *single-flight*: each request remembers which generation of keys signed it; when
+  several requests are rejected at once, the first forces one refresh and the others, finding that the keys
+  changed since they were signed, retry with the new keys instead of refreshing again. So N concurrent
+  authentication errors cost one fetch from the chain (one Vault login), not N.
 - botocore's debug logging is never switched on here (it prints session tokens).
 """
 
@@ -69,6 +73,7 @@ _EXPIRY_MARGIN = timedelta(seconds=60)
 _MIN_INTERVAL = timedelta(seconds=1)
 # The request-context flag that makes the auth retry happen at most once per request.
 _RETRIED = "ckpt_auth_retried"
+_SIGNED_GENERATION = "ckpt_signed_generation"  # request context: the key generation that signed it
 
 
 def _utc_now() -> datetime:
@@ -211,7 +216,14 @@ class ChainCredentials(botocore.credentials.DeferredRefreshableCredentials):  # 
     def __init__(self, refresher: _Refresher, time_fetcher: Callable[[], datetime]) -> None:
         self._refresher = refresher
         self._forced = threading.Event()
+        self._single_flight = threading.Lock()
+        self._generation = 0  # how many times keys were fetched; a request remembers the one that signed it
         super().__init__(refresh_using=self._refresh_from_chain, method=METHOD, time_fetcher=time_fetcher)
+
+    @property
+    def generation(self) -> int:
+        """Counts the fetches from the chain: keys signed at one generation are replaced at the next."""
+        return self._generation
 
     def refresh_needed(self, refresh_in: float | None = None) -> bool:
         """botocore's question "refresh now?"; always yes while a forced refresh is pending."""
@@ -225,20 +237,29 @@ class ChainCredentials(botocore.credentials.DeferredRefreshableCredentials):  # 
         last = self._refresher.last_good
         return last.source if last is not None else None
 
-    def force_refresh(self) -> None:
-        """Fetch from the chain now (no staleness fallback); raise ``CredentialsError`` when that fails."""
-        self._forced.set()
-        try:
-            self.get_frozen_credentials()
-        finally:
-            self._forced.clear()
+    def force_refresh(self, rejected_generation: int | None = None) -> None:
+        """Fetch from the chain now (no staleness fallback); raise ``CredentialsError`` when that fails.
+
+        ``rejected_generation`` is the generation of the keys S3 rejected: when the keys were refreshed since
+        (another thread's forced refresh, or the schedule), nothing is fetched (module rules: single flight).
+        """
+        with self._single_flight:
+            if rejected_generation is not None and rejected_generation != self._generation:
+                return
+            self._forced.set()
+            try:
+                self.get_frozen_credentials()
+            finally:
+                self._forced.clear()
 
     def _refresh_from_chain(self) -> dict[str, Any]:
         # Called by botocore under its refresh lock. Clear the flag first: botocore checks
         # refresh_needed(0) right after this returns, to detect keys that are still expired.
         forced = self._forced.is_set()
         self._forced.clear()
-        return self._refresher.metadata(forced=forced)
+        metadata = self._refresher.metadata(forced=forced)
+        self._generation += 1
+        return metadata
 
 
 class _ChainProvider(botocore.credentials.CredentialProvider):  # type: ignore[misc]
@@ -306,6 +327,13 @@ def make_botocore_session(
 def install_auth_retry(client: Any, refreshable: ChainCredentials) -> None:
     """Make ``client`` refresh ``refreshable`` once and retry once when S3 rejects the keys (module rules)."""
 
+    def on_request_created(request: Any = None, **_kwargs: Any) -> None:
+        # Runs after the signer (registered last): the generation of the keys that just signed the request.
+        # A refresh racing in between only makes the number newer, and then the retry uses the newer keys.
+        context = getattr(request, "context", None)
+        if isinstance(context, dict):
+            context[_SIGNED_GENERATION] = refreshable.generation
+
     def on_needs_retry(
         response: Any = None,
         caught_exception: BaseException | None = None,
@@ -329,7 +357,10 @@ def install_auth_retry(client: Any, refreshable: ChainCredentials) -> None:
             code,
             getattr(operation, "name", "a request"),
         )
-        refreshable.force_refresh()
+        refreshable.force_refresh(context.get(_SIGNED_GENERATION))
         return 0  # retry now; botocore re-signs the retried request with the refreshed keys
 
+    client.meta.events.register_last(
+        "request-created.s3", on_request_created, unique_id="ckpt-signed-generation"
+    )
     client.meta.events.register("needs-retry.s3", on_needs_retry, unique_id="ckpt-auth-retry")

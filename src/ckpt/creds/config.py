@@ -6,7 +6,8 @@ Every key is checked: an unknown key, a wrong type or a missing required key is 
 opens no connection, so validation is the same code as building.
 
 No tables at all means botocore's default chain (SPEC §6). A kind listed twice gets names that say which
-table it came from (``file (credentials[2])``), so messages stay unambiguous.
+table it came from (``file (credentials[2])``), so messages stay unambiguous. A kind that is not built in is
+looked up among the installed plugins (:mod:`ckpt.creds.plugins`), which validate their own keys.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ _KEYS: Mapping[str, tuple[str, ...]] = {
         "address",
         "namespace",
         "ca_bundle",
+        "client_cert",
+        "client_key",
+        "timeout",
         "allow_insecure_http",
         "mount",
         "path",
@@ -56,6 +60,9 @@ _AUTH_KEYS: Mapping[str, tuple[str, ...]] = {
     "kubernetes": ("method", "mount", "role", "jwt_file"),
     "approle": ("method", "mount", "role_id", "role_id_file", "secret_id", "secret_id_file"),
 }
+#: The longest duration any setting accepts: ``ckpt.config.MAX_SECONDS``, restated because the credential
+#: layer sits below the configuration module and may not import it (the layer contract).
+_MAX_SECONDS = 10_000_000
 _FIELD_KEYS = ("access_key_id", "secret_access_key", "session_token")
 
 
@@ -181,6 +188,19 @@ def _auth(table: _Table) -> KubernetesAuth | AppRoleAuth:
     )
 
 
+def _seconds(table: _Table, name: str, *, default: float) -> float:
+    """Seconds above 0 and at most ``_MAX_SECONDS`` (the bound of every duration), or ``default``."""
+    if name not in table.table:
+        return default
+    value = table.table[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= _MAX_SECONDS:
+        key = table.key(name)
+        raise ConfigError(
+            f"{key} must be a number of seconds above 0 and at most {_MAX_SECONDS}, got {value!r}", key=key
+        )
+    return float(value)
+
+
 def _vault(table: _Table, name: str, proxy_for: Callable[[str], str | None] | None) -> VaultSource:
     address = table.required("address")
     path = table.required("path")
@@ -201,6 +221,13 @@ def _vault(table: _Table, name: str, proxy_for: Callable[[str], str | None] | No
         fields = VaultFields(**{key: value for key, value in names.items() if value is not None})
     auth = _auth(table)
     ca_bundle = table.string("ca_bundle")
+    client_cert, client_key = table.string("client_cert"), table.string("client_key")
+    if (client_cert is None) != (client_key is None):
+        missing = table.key("client_key") if client_key is None else table.key("client_cert")
+        raise ConfigError(
+            f"missing required key {missing!r}: a client certificate and its key are set together",
+            key=missing,
+        )
     return VaultSource(
         address=address,
         path=path,
@@ -208,11 +235,32 @@ def _vault(table: _Table, name: str, proxy_for: Callable[[str], str | None] | No
         mount=mount,
         namespace=table.string("namespace"),
         ca_bundle=Path(ca_bundle) if ca_bundle else None,
+        client_cert=Path(client_cert) if client_cert else None,
+        client_key=Path(client_key) if client_key else None,
+        timeout=_seconds(table, "timeout", default=10.0),
         allow_insecure_http=allow_insecure_http,
         fields=fields,
         proxy_for=proxy_for,
         name=name,
     )
+
+
+def _plugin(
+    table: _Table,
+    kind: str,
+    name: str,
+    environ: Mapping[str, str],
+    proxy_for: Callable[[str], str | None] | None,
+) -> Source:
+    from ckpt.creds.plugins import SourceSettings, plugin_kinds, plugin_source
+
+    own = {key: value for key, value in table.table.items() if key != "source"}
+    source = plugin_source(SourceSettings(kind, name, own, table.where, environ, proxy_for))
+    if source is None:
+        key = table.key("source")
+        known = ", ".join((*KINDS, *plugin_kinds(KINDS)))
+        raise ConfigError(f"{key} must be one of {known}, got {kind!r}", key=key)
+    return source
 
 
 def chain_from_config(
@@ -230,12 +278,15 @@ def chain_from_config(
         return Chain([AwsDefaultSource()])
     environ = os.environ if environ is None else environ
     checked = [_Table(raw, f"credentials[{index}]") for index, raw in enumerate(tables)]
-    kinds = [table.choice("source", KINDS, required=True) or "" for table in checked]
+    kinds = [table.required("source") for table in checked]
     repeated = {kind for kind, count in Counter(kinds).items() if count > 1}
     sources: list[Source] = []
     for table, kind in zip(checked, kinds, strict=True):
-        table.only(_KEYS[kind], f"source {kind!r}")
         name = f"{kind} ({table.where})" if kind in repeated else kind
+        if kind not in KINDS:
+            sources.append(_plugin(table, kind, name, environ, proxy_for))
+            continue
+        table.only(_KEYS[kind], f"source {kind!r}")
         if kind == "env":
             sources.append(_env(table, name, environ))
         elif kind == "file":

@@ -331,11 +331,15 @@ class PruneJournal(Protocol):
 
 @attrs.frozen
 class ExclusiveCreateProbe:
-    """What a store's exclusive-create probe found (``ckpt doctor``): honoured or not, where, and why."""
+    """What a store's exclusive-create probe found (``ckpt doctor``): honoured or not, where, and why; for
+    a concurrent probe (S3) also how many creates were sent at once, and how many were created and refused."""
 
     honoured: bool
     location: str
     detail: str
+    writers: int = 0
+    created: int = 0
+    refused: int = 0
 
 
 @runtime_checkable

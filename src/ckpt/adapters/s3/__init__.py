@@ -24,6 +24,7 @@ from ckpt.domain.s3_root import MAX_PREFIX_BYTES, S3Root, parse_s3_root
 
 if TYPE_CHECKING:
     from ckpt.config import Config
+    from ckpt.creds.model import Source
 
 __all__ = [
     "MAX_PREFIX_BYTES",
@@ -40,11 +41,14 @@ __all__ = [
 ]
 
 
-def open_s3_store(root: str, *, config: Config, environ: Mapping[str, str]) -> S3Store:
-    """Return the :class:`S3Store` for ``root``, its client built from ``config`` by ``make_s3_client``.
+def open_s3_store(
+    root: str, *, config: Config, environ: Mapping[str, str], credentials: Source | None = None
+) -> S3Store:
+    """Return the :class:`S3Store` for ``root``, its client built from ``config`` by ``make_s3_client``,
+    signing with ``credentials`` when given (a source built in code), else the ``[[credentials]]`` chain.
 
     The root is validated before any client is built, so a bad URL costs no credential lookup.
     """
     parse_s3_root(root)
-    client, connection = connect_s3(config, environ)
+    client, connection = connect_s3(config, environ, credentials)
     return S3Store(root, client, connection=connection)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import botocore.session
 
     from ckpt.config import Config
+    from ckpt.creds.model import Source
 
 __all__ = ["S3Connection", "connect_s3", "create_s3_client", "make_s3_client"]
 
@@ -103,7 +104,9 @@ def _proxy_rule(config: Config, environ: Mapping[str, str]) -> ProxyRule:
     return ProxyRule.from_environment(environ)
 
 
-def _botocore_session(config: Config, environ: Mapping[str, str], rule: ProxyRule) -> Any:
+def _botocore_session(
+    config: Config, environ: Mapping[str, str], rule: ProxyRule, credentials: Source | None = None
+) -> Any:
     """Return the hermetic botocore session the S3 client signs with: its only credential provider is the
     configured chain (docs/spec/credentials.md), refreshed on schedule and at expiry. With no
     ``[[credentials]]`` tables the chain is botocore's own default chain behind the same refresh logic. The
@@ -112,7 +115,12 @@ def _botocore_session(config: Config, environ: Mapping[str, str], rule: ProxyRul
     from ckpt.creds.botocore_session import make_botocore_session  # botocore only for S3 roots
     from ckpt.creds.config import chain_from_config
 
-    chain = chain_from_config(list(config.credentials), environ, proxy_for=rule.proxy_for)
+    # A source built in code (open_store(credentials=...)) replaces the [[credentials]] chain.
+    chain = (
+        credentials
+        if credentials is not None
+        else chain_from_config(list(config.credentials), environ, proxy_for=rule.proxy_for)
+    )
     return make_botocore_session(
         chain,
         refresh_seconds=config.s3.refresh_seconds,
@@ -120,7 +128,9 @@ def _botocore_session(config: Config, environ: Mapping[str, str], rule: ProxyRul
     )
 
 
-def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Connection]:
+def connect_s3(
+    config: Config, environ: Mapping[str, str], credentials: Source | None = None
+) -> tuple[Any, S3Connection]:
     """Build the S3 client from ``config`` and say how it connects (see :func:`make_s3_client`)."""
     import botocore.config  # lazily: botocore only when an S3 store is opened
 
@@ -150,7 +160,7 @@ def connect_s3(config: Config, environ: Mapping[str, str]) -> tuple[Any, S3Conne
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    session = _botocore_session(config, environ, rule)
+    session = _botocore_session(config, environ, rule, credentials)
     errors = botocore_errors()
     try:
         client = create_s3_client(

@@ -15,7 +15,8 @@ key under ``PREFIX/`` or at the top of the bucket):
    ``MaxKeys=1``); when there is none, one ``HeadObject`` of ``<save>`` tells a file (not a save) from
    nothing. A file inside a save is the object at exactly its key: objects under ``name/`` make a folder.
    Keys ending in ``/`` are folder markers, not files.
-4. Removing entries and folders uses quiet ``DeleteObjects``, 1000 keys a request. Keys S3 refuses are never
+4. Removing entries and folders uses quiet ``DeleteObjects``, 1000 keys a request; the folders' objects
+   are listed eight folders at a time and deleted together, batched across folders. Keys S3 refuses are never
    hidden: refused entries raise ``StorageError`` listing them (they are still published, so they still
    protect their folders); refused objects of a folder are reported in its outcome while the other folders
    are still removed. A key reported ``NoSuchKey`` is gone, which is what was asked. S3 deletes do not say
@@ -28,13 +29,16 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
+from ckpt.adapters.concurrent_probe import DEFAULT_WRITERS, run_at_once
 from ckpt.adapters.s3.client import S3Connection
 from ckpt.adapters.s3.errors import NOT_IMPLEMENTED
 from ckpt.adapters.s3.objects import Bucket, S3Client
 from ckpt.application.checkpoint_store import CheckpointStore
 from ckpt.domain.entries import PUB_DIR_NAME
 from ckpt.domain.errors import MalformedError, StorageError
+from ckpt.domain.exclusive_probe import judge_exclusive_creates
 from ckpt.domain.journal import JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
 from ckpt.domain.ports import ExclusiveCreateProbe, FileInfo, SaveRemoval
@@ -46,6 +50,8 @@ __all__ = ["ExclusiveCreateProbe", "S3Journal", "S3Log", "S3Store", "S3Tree"]
 
 # Outside pub/ and exec/, so a probe object can never look like an entry or a save.
 _PROBE_DIR = ".ckpt-doctor"
+#: Folder listings a prune runs at once: below the client's connection pool (10), so none waits for one.
+_LISTINGS_AT_ONCE = 8
 _MAX_KEYS_IN_MESSAGE = 10
 # A journal lists folders, one a line: 256 MiB is millions of them, far beyond any prune.
 _MAX_JOURNAL_BYTES = 256 << 20
@@ -152,18 +158,35 @@ class S3Tree:
         return sorted(found, key=lambda info: info.path)
 
     def remove_saves(self, saves: Sequence[str]) -> list[SaveRemoval]:
-        """List and delete each save's objects; a save with none left is "already gone" (rule 4)."""
-        outcomes: list[SaveRemoval] = []
-        for save in saves:
-            prefix = self._bucket.key(save) + "/"
-            keys = [obj["Key"] for obj in self._bucket.objects(prefix, action="list the folder")]
-            if not keys:
-                outcomes.append(SaveRemoval(save, SKIP_ALREADY_GONE))
-                continue
-            location = self._bucket.url(self._bucket.key(save))
-            refused = self._bucket.delete_keys(keys, action="remove the folder", location=location)
-            outcomes.append(SaveRemoval(save, refused=tuple((self._bucket.url(k), c) for k, c in refused)))
-        return outcomes
+        """List each save's objects (eight listings at a time) and delete them all together, batched across
+        saves, 1000 keys a request; a save with none left is "already gone" (rule 4)."""
+        listings = self._list_at_once([self._bucket.key(save) + "/" for save in saves])
+        owner: dict[str, str] = {}
+        for save, keys in zip(saves, listings, strict=True):
+            owner.update((key, save) for key in keys)
+        location = self._bucket.url(self._bucket.key(""))
+        refused = self._bucket.delete_keys(list(owner), action="remove the folders under", location=location)
+        refused_of: dict[str, list[tuple[str, str]]] = {}
+        for key, code in refused:
+            refused_of.setdefault(owner.get(key, ""), []).append((self._bucket.url(key), code))
+        return [
+            SaveRemoval(save, refused=tuple(refused_of.get(save, ())))
+            if keys
+            else SaveRemoval(save, SKIP_ALREADY_GONE)
+            for save, keys in zip(saves, listings, strict=True)
+        ]
+
+    def _list_at_once(self, prefixes: Sequence[str]) -> list[list[str]]:
+        """Every key under each prefix, in order; at most ``_LISTINGS_AT_ONCE`` listings in flight."""
+
+        def keys_under(prefix: str) -> list[str]:
+            return [obj["Key"] for obj in self._bucket.objects(prefix, action="list the folder")]
+
+        if len(prefixes) <= 1:
+            return [keys_under(prefix) for prefix in prefixes]
+        workers = min(_LISTINGS_AT_ONCE, len(prefixes))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-s3-list") as pool:
+            return list(pool.map(keys_under, prefixes))
 
 
 class S3Journal:
@@ -227,33 +250,28 @@ class S3Store(CheckpointStore):
         """The key prefix under which the root lives: ``""`` or ``"some/prefix/"``."""
         return self._bucket.root.prefix
 
-    def probe_exclusive_create(self) -> ExclusiveCreateProbe:
-        """Check that the storage refuses a second ``If-None-Match: *`` create of a key (``ckpt doctor``).
+    def probe_exclusive_create(self, writers: int = DEFAULT_WRITERS) -> ExclusiveCreateProbe:
+        """Check that ``writers`` concurrent ``If-None-Match: *`` creates of one new key make exactly one
+        winner, the others refused with 412 (``ckpt doctor``; spec/layout.md §6).
 
-        Creates ``<root>/.ckpt-doctor/<random>`` (outside ``pub/`` and ``exec/``), creates it again, expects
-        412, and deletes it. A storage that refuses the header as unsupported (``NotImplemented``) does not
-        honour exclusive create; any other failure (access denied, unreachable) raises as usual.
+        The key is ``<root>/.ckpt-doctor/<random>`` (outside ``pub/`` and ``exec/``); the creates start
+        together from ``writers`` threads; the key is deleted afterwards whatever happened. A storage that
+        refuses the header as unsupported (``NotImplemented``) does not honour exclusive create; any other
+        failure (access denied, unreachable) raises as usual.
         """
         bucket = self._bucket
         key = bucket.key(f"{_PROBE_DIR}/{secrets.token_hex(8)}")
-        location = bucket.url(key)
         action = "probe exclusive create at"
-        first = bucket.create_exclusive(key, action=action)
-        if first == "unsupported":
-            return ExclusiveCreateProbe(False, location, "the storage does not implement If-None-Match: *")
-        if first == "exists":
-            return ExclusiveCreateProbe(
-                False, location, "the storage refused to create a fresh random key with If-None-Match: *"
-            )
         try:
-            second = bucket.create_exclusive(key, action=action)
+            outcomes = run_at_once(lambda: bucket.create_exclusive(key, action=action), writers)
         finally:
             bucket.delete_object(key, action="remove the probe object")
-        if second == "exists":
-            return ExclusiveCreateProbe(True, location, "a second If-None-Match: * create was refused (412)")
+        verdict = judge_exclusive_creates(outcomes, "If-None-Match: * creates")
         return ExclusiveCreateProbe(
-            False,
-            location,
-            "a second create with If-None-Match: * succeeded: the storage ignores the condition, so two "
-            "publishers could both believe they published the same entry",
+            verdict.honoured,
+            bucket.url(key),
+            verdict.detail,
+            writers=verdict.writers,
+            created=verdict.created,
+            refused=verdict.refused,
         )

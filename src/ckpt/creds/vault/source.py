@@ -48,6 +48,9 @@ __all__ = ["VaultFields", "VaultSource", "vault_address_problem"]
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
+#: The longest request timeout accepted: the bound of every duration (config.MAX_SECONDS).
+_MAX_TIMEOUT_SECONDS = 10_000_000
+
 
 def vault_address_problem(address: str, *, allow_insecure_http: bool) -> str | None:
     """Return why ``address`` is refused as a Vault address, or ``None`` when it is acceptable.
@@ -121,6 +124,8 @@ class VaultSource:
     fields: VaultFields = VaultFields()
     proxy_for: Callable[[str], str | None] = attrs.field(default=None, converter=_proxy_rule, repr=False)
     timeout: float = 10.0
+    client_cert: Path | None = attrs.field(default=None, converter=_optional_path)
+    client_key: Path | None = attrs.field(default=None, converter=_optional_path)
     clock: Callable[[], float] = attrs.field(default=time.monotonic, repr=False)
     name: str = "vault"
     _token: VaultToken | None = attrs.field(default=None, init=False, repr=False, eq=False)
@@ -133,6 +138,16 @@ class VaultSource:
         if problem is not None:
             shown = redact_url(self.address, keep_user=False)
             raise ConfigError(f"Vault address {shown!r} is refused: {problem}")
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ConfigError("a Vault client certificate needs its key, and a key its certificate: set both")
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not (0 < self.timeout <= _MAX_TIMEOUT_SECONDS)
+        ):
+            raise ConfigError(
+                f"the Vault timeout must be a number of seconds above 0, at most {_MAX_TIMEOUT_SECONDS}"
+            )
         self.path = self.path.strip("/")
         self.mount = self.mount.strip("/")
         if not self.path or not self.mount:
@@ -292,9 +307,17 @@ class VaultSource:
 
         proxy = self.proxy_for(self.address)
         verify: bool | str = str(self.ca_bundle) if self.ca_bundle is not None else True
+        # mTLS: the certificate and key files are handed to the TLS library, which reads them at connect.
+        cert: tuple[str, str] | tuple[()] = (
+            (str(self.client_cert), str(self.client_key))
+            if self.client_cert is not None and self.client_key is not None
+            else ()
+        )
         # The rule decides each request's proxy (whatever proxies hvac passes along); trust_env is off.
         session = requests_session(self.proxy_for)
         session.verify = verify
+        if cert:
+            session.cert = cert
         session.max_redirects = 0
         session.hooks["response"].append(self._refuse_redirect)
         if proxy:
@@ -302,7 +325,7 @@ class VaultSource:
         return hvac.Client(
             url=self.address,
             token="",  # never None: hvac would read VAULT_TOKEN or ~/.vault-token
-            cert=(),  # never None: hvac would read VAULT_CLIENT_CERT
+            cert=cert,  # never None: hvac would read VAULT_CLIENT_CERT
             verify=verify,  # never None: hvac would read VAULT_CACERT
             timeout=self.timeout,
             proxies={},  # ignored by the session, which asks the rule; never None

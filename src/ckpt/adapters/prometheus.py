@@ -1,0 +1,158 @@
+"""The watcher's metrics in the Prometheus text format, served over HTTP (``ckpt watch --metrics-port``).
+
+Rules:
+
+1. ``prometheus_client`` (the ``metrics`` extra) is imported only by :func:`serve_watch_metrics`; without it
+   that is an ``InvalidError`` naming the extra, so ``ckpt watch`` without ``--metrics-port`` never needs it.
+2. Metrics live in a registry of their own, not the library's global one: nothing else in the process (a
+   trainer that imports ``ckpt``) shows up in them, and a second server cannot collide with the first.
+3. The watcher knows nothing of Prometheus: :class:`WatchMetrics` is a
+   :class:`~ckpt.application.watcher.WatchObserver` fed one ``ScanReport`` per scan. What a scrape shows:
+
+   ========================================================  ==============================================
+   ``ckpt_watch_saves_published_total``                      entries this watcher created
+   ``ckpt_watch_last_published_epoch`` / ``..._step``         the last entry it created (absent until then)
+   ``ckpt_watch_scans_total``                                scans that ended (successful or not)
+   ``ckpt_watch_scan_errors_total``                          scans that failed or timed out
+   ``ckpt_watch_scan_duration_seconds``                      a histogram of scan durations
+   ``ckpt_watch_seconds_since_last_successful_scan``         since the last successful scan ended, or since
+                                                             the metrics started when none has yet
+   ``ckpt_watch_saves_waiting``                              save folders the last scan found unpublished
+   ``ckpt_build_info{version="..."}``                        1, labelled with the package version
+   ========================================================  ==============================================
+4. The server binds the address given (``127.0.0.1`` unless told otherwise: metrics are not for the world
+   unless the operator says so) and serves from a daemon thread, so it never keeps the process alive.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ckpt.application.watcher import ScanReport
+from ckpt.domain.errors import InvalidError
+
+__all__ = ["MetricsServer", "WatchMetrics", "serve_watch_metrics"]
+
+# Scans list a folder or two: usually milliseconds on POSIX, up to seconds on a slow S3 endpoint, and at
+# most the scan timeout (default 120 s).
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+def _prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise InvalidError(
+            "--metrics-port needs the prometheus_client package: pip install 'ckpt-log[metrics]'"
+        ) from exc
+    return prometheus_client
+
+
+class WatchMetrics:
+    """A ``WatchObserver`` (:mod:`ckpt.application.watcher`) keeping the metrics in ``registry`` (rule 3)."""
+
+    def __init__(self, registry: Any, version: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        prometheus = _prometheus()
+        self.registry = registry
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_success = clock()  # until a scan succeeds: when the metrics started (rule 3)
+        self._published = prometheus.Counter(
+            "ckpt_watch_saves_published", "Entries this watcher created.", registry=registry
+        )
+        self._epoch = prometheus.Gauge(
+            "ckpt_watch_last_published_epoch",
+            "Epoch of the last entry this watcher created.",
+            registry=registry,
+        )
+        self._step = prometheus.Gauge(
+            "ckpt_watch_last_published_step",
+            "Step of the last entry this watcher created.",
+            registry=registry,
+        )
+        self._scans = prometheus.Counter(
+            "ckpt_watch_scans", "Scans that ended, successful or not.", registry=registry
+        )
+        self._errors = prometheus.Counter(
+            "ckpt_watch_scan_errors", "Scans that failed or timed out.", registry=registry
+        )
+        self._duration = prometheus.Histogram(
+            "ckpt_watch_scan_duration_seconds",
+            "How long scans took.",
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
+        since = prometheus.Gauge(
+            "ckpt_watch_seconds_since_last_successful_scan",
+            "Seconds since the last successful scan ended (since start-up while none has).",
+            registry=registry,
+        )
+        since.set_function(self._seconds_since_success)
+        self._waiting = prometheus.Gauge(
+            "ckpt_watch_saves_waiting",
+            "Save folders the last scan found not yet published (settling or incomplete).",
+            registry=registry,
+        )
+        info = prometheus.Gauge(
+            "ckpt_build_info",
+            "Always 1; the label says which ckpt build runs.",
+            ["version"],
+            registry=registry,
+        )
+        info.labels(version=version).set(1)
+
+    def _seconds_since_success(self) -> float:
+        with self._lock:
+            return max(0.0, self._clock() - self._last_success)
+
+    def scanned(self, report: ScanReport) -> None:
+        """Count one scan and what it published (``WatchObserver``)."""
+        self._scans.inc()
+        self._duration.observe(report.duration)
+        if report.created:
+            self._published.inc(len(report.created))
+            last = report.created[-1]
+            self._epoch.set(last.epoch)
+            self._step.set(last.step)
+        if report.succeeded:
+            self._waiting.set(report.waiting)
+            with self._lock:
+                self._last_success = self._clock()
+        else:
+            self._errors.inc()
+
+
+class MetricsServer:
+    """A running metrics endpoint: where it listens, and how to stop it."""
+
+    def __init__(self, server: Any, thread: threading.Thread, address: str) -> None:
+        self._server = server
+        self._thread = thread
+        self.address = address
+        self.port: int = server.server_port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def serve_watch_metrics(address: str, port: int, version: str) -> tuple[WatchMetrics, MetricsServer]:
+    """Create the watcher's metrics and serve them at ``http://address:port/metrics`` (port 0: any free one).
+
+    Raises ``InvalidError`` when ``prometheus_client`` is missing (rule 1) and ``OSError`` when the address
+    cannot be bound.
+    """
+    prometheus = _prometheus()
+    registry = prometheus.CollectorRegistry()
+    metrics = WatchMetrics(registry, version)
+    server, thread = prometheus.start_http_server(port, addr=address, registry=registry)
+    return metrics, MetricsServer(server, thread, address)
