@@ -326,7 +326,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 # Command modules with their own ``register(subparsers)`` and ``run(ctx)``; they import their heavy
 # dependencies inside ``run``.
-_EXTRA_COMMANDS: tuple[str, ...] = ("doctor", "watch")
+_EXTRA_COMMANDS: tuple[str, ...] = ("doctor", "follow", "watch")
 
 
 def main(
