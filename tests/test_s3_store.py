@@ -431,7 +431,7 @@ class TestPrune:
         assert moto.keys(f"{base}exec/b/") == [f"{base}exec/b/ck-0/model.bin"]
 
     def test_a_dry_run_sends_only_the_listing(self, moto: InProcess) -> None:
-        """prune(dry_run=True) reads the log and deletes nothing."""
+        """prune(dry_run=True) reads the log and the pins, and deletes nothing."""
         store, log, _client = moto.store()
         for step in (1, 2):
             moto.put(f"{ROOT_PREFIX}/exec/a/ck-{step}/model.bin")
@@ -439,7 +439,7 @@ class TestPrune:
         log.clear()
         result = store.prune(1, dry_run=True)
         assert [e.step for e in result.removed_entries] == [1]
-        assert log.operations() == ["ListObjectsV2"]
+        assert log.operations() == ["ListObjectsV2"] * 2  # pub/, then pins/
 
     def test_an_entry_published_during_the_prune_protects_its_folder(self, moto: InProcess) -> None:
         """The log is read again after the entry deletions: a folder a new entry names is skipped."""

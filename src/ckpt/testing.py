@@ -18,13 +18,16 @@ Every instance has its own state (no class-level sharing); a lock makes it safe 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ckpt.domain.entries import Entry, exec_save_prefix, validate_save
 from ckpt.domain.errors import CredentialsError, ExistsError, InvalidError, MalformedError, NotFoundError
 from ckpt.domain.names import format_entry_name, latest_entry_name, parse_entry_names
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
-from ckpt.domain.prune import Overlap, plan_prune
+from ckpt.domain.prune import Overlap
+from ckpt.domain.retention import SKIP_PINNED, SKIP_PUBLISHED, plan_retention
+from ckpt.pins import pin_entry, pinned_entries, unpin_entry
 
 if TYPE_CHECKING:
     from ckpt.creds.model import Credentials
@@ -44,6 +47,8 @@ class InMemoryStore:
         self._pub_dirs: set[str] = set()  # names in pub/ that are folders (malformed, for tests)
         self._files: dict[str, bytes] = {}  # save-relative file path -> content
         self._dirs: set[str] = set()  # save-relative folder paths
+        self._pins: set[str] = set()  # names in pins/
+        self._pin_dirs: set[str] = set()  # names in pins/ that are folders (malformed, for tests)
 
     def __repr__(self) -> str:
         return f"InMemoryStore({self._root!r})"
@@ -137,26 +142,76 @@ class InMemoryStore:
         """Return the greatest entry, or ``None``."""
         return latest_entry_name(self._names())
 
-    def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
-        """Remove all but the ``keep`` greatest entries, then the folders only they named."""
-        plan = plan_prune(self.entries(), keep)
+    def put_raw_pin(self, name: str, *, folder: bool = False) -> None:
+        """Put any name into ``pins/``, bypassing validation (to test how malformed pins are refused)."""
+        with self._lock:
+            (self._pin_dirs if folder else self._pins).add(name)
+
+    # -- pins (ckpt.pins) ------------------------------------------------------------------------------
+
+    def pin_names(self) -> list[str]:
+        """Return the names in ``pins/``; a folder there is ``MalformedError``."""
+        with self._lock:
+            if self._pin_dirs:
+                name = min(self._pin_dirs)
+                raise MalformedError(f"malformed pin {name!r} in pins/: a folder", value=name)
+            return list(self._pins)
+
+    def create_pin(self, name: str) -> bool:
+        """Create the pin ``name`` exclusively; False when it was there."""
+        with self._lock:
+            if name in self._pins:
+                return False
+            self._pins.add(name)
+            return True
+
+    def remove_pins(self, names: Sequence[str]) -> None:
+        """Remove the pins ``names``; absent ones are fine."""
+        with self._lock:
+            self._pins.difference_update(names)
+
+    def pin(self, entry: Entry) -> bool:
+        """Pin a published entry; True when this call pinned it (see ``ckpt.pins``)."""
+        return pin_entry(self, entry)
+
+    def unpin(self, entry: Entry) -> bool:
+        """Unpin an entry; True when it was pinned. Unpinning twice is not an error."""
+        return unpin_entry(self, entry)
+
+    def pinned(self) -> list[Entry]:
+        """Return the pinned entries, ascending."""
+        return pinned_entries(self)
+
+    def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
+        """Remove the entries no retention tier keeps, then the folders only they named; pins protect."""
+        retention = plan_retention(self.entries(), keep, keep_every=keep_every, pinned=pinned_entries(self))
+        plan = retention.prune_plan
         folders = tuple(f"{self._root}/{f}" for f in plan.folders)
         if dry_run:
-            return PruneResult(plan.remove, folders, (), dry_run=True)
+            return PruneResult(plan.remove, folders, (), dry_run=True, kept=retention.kept)
         with self._lock:
             removed = [e for e in plan.remove if self._pub.pop(format_entry_name(e), None) is not None]
+        pins = pinned_entries(self)
+        with self._lock:  # put back an entry pinned meanwhile (ckpt.pins rule 2)
+            restored = set(removed) & set(pins)
+            for entry in restored:
+                self._pub.setdefault(format_entry_name(entry), b"")
+        removed = [e for e in removed if e not in restored]
         needed = Overlap(e.save for e in self.entries())
+        pinned_now = Overlap(p.save for p in pins)
         removed_folders, skipped = [], []
         for folder, location in zip(plan.folders, folders, strict=True):
             with self._lock:
-                if needed(folder):
-                    skipped.append(SkippedFolder(location, "named by an entry published during the prune"))
+                if pinned_now(folder):
+                    skipped.append(SkippedFolder(location, SKIP_PINNED))
+                elif needed(folder):
+                    skipped.append(SkippedFolder(location, SKIP_PUBLISHED))
                 elif folder not in self._dirs:
                     skipped.append(SkippedFolder(location, "already gone"))
                 else:
                     self._drop(folder)
                     removed_folders.append(location)
-        return PruneResult(tuple(removed), tuple(removed_folders), tuple(skipped))
+        return PruneResult(tuple(removed), tuple(removed_folders), tuple(skipped), kept=retention.kept)
 
     # -- the WatchStore port ---------------------------------------------------------------------------
 

@@ -29,11 +29,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, suppress
 from itertools import islice
 from typing import NoReturn
 
+from ckpt.adapters.posix_pins import PosixPins
 from ckpt.domain.entries import PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
 from ckpt.domain.errors import (
     ExistsError,
@@ -44,8 +45,10 @@ from ckpt.domain.errors import (
 )
 from ckpt.domain.names import LatestEntryScan, format_entry_name, latest_entry_name, parse_entry_names
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
-from ckpt.domain.prune import Overlap, plan_prune
+from ckpt.domain.prune import Overlap
 from ckpt.domain.redaction import redact_url
+from ckpt.domain.retention import SKIP_PINNED, SKIP_PUBLISHED, plan_retention
+from ckpt.pins import pin_entry, pinned_entries, unpin_entry
 
 __all__ = ["PosixStore", "Syscalls"]
 
@@ -132,7 +135,7 @@ def _reason(exc: OSError) -> str:
 class PosixStore:
     """A checkpoint root on a POSIX filesystem: an absolute path to a directory that already exists."""
 
-    __slots__ = ("_pub", "_root", "_sys")
+    __slots__ = ("_pins", "_pub", "_root", "_sys")
 
     def __init__(self, root: str, *, syscalls: Syscalls | None = None) -> None:
         if not isinstance(root, str) or not root.startswith("/"):
@@ -145,6 +148,7 @@ class PosixStore:
         self._root = normalized
         self._pub = os.path.join(normalized, PUB_DIR_NAME)
         self._sys = syscalls if syscalls is not None else Syscalls()
+        self._pins = PosixPins(normalized, self._sys)
 
     def __repr__(self) -> str:
         return f"PosixStore({self._root!r})"
@@ -402,29 +406,87 @@ class PosixStore:
 
     # -- prune -----------------------------------------------------------------------------------------
 
-    def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
-        """Remove all but the ``keep`` greatest entries, then the folders only they named.
+    # -- pins (ckpt.pins) ------------------------------------------------------------------------------
 
-        Folders that an earlier prune planned but did not remove (it failed, or was killed) are removed too,
-        unless an entry needs them now: see docs/adr/0004-prune-safety.md.
+    def pin_names(self) -> list[str]:
+        """Return the names in ``pins/`` (the PinLog port of ``ckpt.pins``)."""
+        return self._pins.names()
+
+    def create_pin(self, name: str) -> bool:
+        """Create the pin ``name`` exclusively and durably; False when it was there."""
+        return self._pins.create(name)
+
+    def remove_pins(self, names: Sequence[str]) -> None:
+        """Remove the pins ``names``; absent ones are fine."""
+        self._pins.remove(names)
+
+    def pin(self, entry: Entry) -> bool:
+        """Pin a published entry; True when this call pinned it (see ``ckpt.pins``)."""
+        return pin_entry(self, entry)
+
+    def unpin(self, entry: Entry) -> bool:
+        """Unpin an entry; True when it was pinned. Unpinning twice is not an error."""
+        return unpin_entry(self, entry)
+
+    def pinned(self) -> list[Entry]:
+        """Return the pinned entries, ascending."""
+        return pinned_entries(self)
+
+    def _restore_entries(self, entries: Sequence[Entry]) -> None:
+        """Create the entries again (pinned during a prune that removed them), as durably as publish."""
+        if not entries:
+            return
+        pub_fd = self._open_pub(create=True)
+        assert pub_fd is not None  # create=True never answers "missing"
+        try:
+            for entry in entries:
+                name = format_entry_name(entry)
+                path = self._pub + "/" + name
+                try:
+                    fd = self._sys.open(name, _CREATE_FLAGS, 0o644, dir_fd=pub_fd)
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    raise _storage_error("put back the pinned entry", path, exc) from exc
+                failed = self._make_durable(fd, pub_fd, path)
+                if failed is not None:
+                    raise _storage_error(f"put back the pinned entry ({failed[0]})", path, failed[1])
+        finally:
+            self._close_quietly(pub_fd)
+
+    def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
+        """Remove the entries no retention tier keeps, then the folders only they named.
+
+        Pinned entries are kept, and so is every folder a pin names. Folders that an earlier prune planned
+        but did not remove (it failed, or was killed) are removed too, unless an entry or a pin needs them
+        now: see docs/adr/0004-prune-safety.md.
         """
-        plan = plan_prune(self.entries(), keep)
+        entries = self.entries()
+        pins = pinned_entries(self)
+        retention = plan_retention(entries, keep, keep_every=keep_every, pinned=pins)
+        plan = retention.prune_plan
         try:
             root_fd = self._sys.open(self._root, _DIR_FLAGS)
         except OSError as exc:
             raise _storage_error("open the root", self._root, exc) from exc
         try:
             journals, left = self._read_journals(root_fd)
-            kept = Overlap(e.save for e in plan.keep)
+            kept = Overlap([*(e.save for e in plan.keep), *(p.save for p in pins)])
             planned = set(plan.folders)
             left = [f for f in left if f not in planned and not kept(f)]
             if dry_run:
                 folders = tuple(self._path(f) for f in (*plan.folders, *left))
-                return PruneResult(plan.remove, folders, (), dry_run=True)
+                return PruneResult(plan.remove, folders, (), dry_run=True, kept=retention.kept)
             journal = self._write_journal(root_fd, (*plan.folders, *left)) if plan.folders or left else None
             removed = self._remove_entries(plan.remove)
-            # Read again: an entry published since the plan was made still protects its folder.
+            # Read again: an entry published or pinned since the plan was made still protects its folder,
+            # and an entry pinned meanwhile is put back (ckpt.pins rule 2).
+            pins = pinned_entries(self)
+            restored = set(removed) & set(pins)
+            self._restore_entries(sorted(restored, key=lambda e: e.key))
+            removed = [e for e in removed if e not in restored]
             needed = Overlap(e.save for e in self.entries())
+            pinned_now = Overlap(p.save for p in pins)
             removed_folders: list[str] = []
             skipped: list[SkippedFolder] = []
             gone: set[str] = set()
@@ -432,11 +494,10 @@ class PosixStore:
                 if _inside_any(folder, gone):
                     continue  # removing the folder around it took it along
                 location = self._path(folder)
-                if needed(folder):
+                why = _still_needed(folder, needed, pinned_now)
+                if why is not None:
                     if folder in planned:
-                        skipped.append(
-                            SkippedFolder(location, "named by an entry published during the prune")
-                        )
+                        skipped.append(SkippedFolder(location, why))
                     continue  # a folder an earlier prune left is simply no longer a candidate
                 reason = self._remove_folder(root_fd, folder, journal)
                 if reason is None:
@@ -447,7 +508,7 @@ class PosixStore:
             self._drop_journals(root_fd, [*journals, *([journal] if journal else [])])
         finally:
             self._close_quietly(root_fd)
-        return PruneResult(tuple(removed), tuple(removed_folders), tuple(skipped))
+        return PruneResult(tuple(removed), tuple(removed_folders), tuple(skipped), kept=retention.kept)
 
     def _remove_entries(self, entries: tuple[Entry, ...]) -> list[Entry]:
         if not entries:
@@ -843,6 +904,15 @@ def _journal_note(journal: str | None, root: str) -> str:
     if journal is None:
         return ""
     return f"; the folders still to remove are listed in {root}/{journal}, and the next prune removes them"
+
+
+def _still_needed(folder: str, entries: Overlap, pins: Overlap) -> str | None:
+    """Why a folder planned for removal must stay after the re-read, or ``None`` when nothing needs it."""
+    if pins(folder):
+        return SKIP_PINNED
+    if entries(folder):
+        return SKIP_PUBLISHED
+    return None
 
 
 def _inside_any(folder: str, folders: set[str]) -> bool:

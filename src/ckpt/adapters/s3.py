@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from ckpt.adapters.proxy import ProxyRoutes
-from ckpt.domain.entries import PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
+from ckpt.domain.entries import PINS_DIR_NAME, PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
 from ckpt.domain.errors import (
     CkptError,
     CredentialsError,
@@ -66,8 +66,10 @@ from ckpt.domain.errors import (
 from ckpt.domain.names import MAX_NAME_BYTES, format_entry_name, latest_entry_name, parse_entry_names
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
 from ckpt.domain.proxy import ProxyRule, is_cgi
-from ckpt.domain.prune import Overlap, plan_prune
+from ckpt.domain.prune import Overlap
 from ckpt.domain.redaction import redact_url
+from ckpt.domain.retention import SKIP_PINNED, SKIP_PUBLISHED, plan_retention
+from ckpt.pins import pin_entry, pinned_entries, unpin_entry
 
 if TYPE_CHECKING:
     from ckpt.config import Config
@@ -629,12 +631,77 @@ class S3Store:
 
     # -- prune -----------------------------------------------------------------------------------------
 
-    def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
-        """Remove all but the ``keep`` greatest entries, then the folders only they named (module rule 3)."""
-        plan = plan_prune(self.entries(), keep)
+    # -- pins (ckpt.pins) ------------------------------------------------------------------------------
+
+    def _pins_prefix(self) -> str:
+        return f"{self._root.prefix}{PINS_DIR_NAME}/"
+
+    def pin_names(self) -> list[str]:
+        """Return the names under ``pins/`` (the PinLog port); a sub-folder is ``MalformedError``."""
+        prefix = self._pins_prefix()
+        names: list[str] = []
+        for page in self._pages(prefix, delimiter=True, action="list the pins"):
+            folders = sorted(p["Prefix"] for p in page.get("CommonPrefixes", ()))
+            if folders:
+                raise MalformedError(
+                    f"malformed pin {self._url(folders[0])!r} in {PINS_DIR_NAME}/: a folder",
+                    value=folders[0][len(prefix) : -1],
+                )
+            names.extend(obj["Key"][len(prefix) :] for obj in page.get("Contents", ()))
+        return [name for name in names if name]
+
+    def create_pin(self, name: str) -> bool:
+        """Create the pin ``name`` with ``If-None-Match: *``; False when it was there."""
+        key = self._pins_prefix() + name
+        outcome = self._create_exclusive(key, action="pin")
+        if outcome == "unsupported":
+            raise StorageError(
+                f"cannot pin {self._url(key)}: the storage does not implement If-None-Match: * "
+                f"({_NOT_IMPLEMENTED})",
+                location=self._url(key),
+            )
+        return outcome == "created"
+
+    def remove_pins(self, names: Sequence[str]) -> None:
+        """Remove the pins ``names`` with ``DeleteObjects``; absent ones are fine."""
+        location = self._url(self._pins_prefix())
+        keys = [self._pins_prefix() + name for name in names]
+        refused = self._delete_keys(keys, action="unpin", location=location)
+        if refused:
+            raise StorageError(
+                f"cannot remove {len(refused)} pins: {_failed_keys_text(refused, self._url)}",
+                location=location,
+            )
+
+    def pin(self, entry: Entry) -> bool:
+        """Pin a published entry; True when this call pinned it (see ``ckpt.pins``)."""
+        return pin_entry(self, entry)
+
+    def unpin(self, entry: Entry) -> bool:
+        """Unpin an entry; True when it was pinned. Unpinning twice is not an error."""
+        return unpin_entry(self, entry)
+
+    def pinned(self) -> list[Entry]:
+        """Return the pinned entries, ascending."""
+        return pinned_entries(self)
+
+    def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
+        """Remove the entries no retention tier keeps, then the folders only they named (module rule 3).
+
+        Pinned entries are kept, and every folder a pin names; pins are read again after the removals and
+        an entry pinned meanwhile is put back (``ckpt.pins``).
+        """
+        retention = plan_retention(self.entries(), keep, keep_every=keep_every, pinned=pinned_entries(self))
+        plan = retention.prune_plan
         folders = [(folder, self._url(self._key(folder))) for folder in plan.folders]
         if dry_run:
-            return PruneResult(plan.remove, tuple(location for _, location in folders), (), dry_run=True)
+            return PruneResult(
+                plan.remove,
+                tuple(location for _, location in folders),
+                (),
+                dry_run=True,
+                kept=retention.kept,
+            )
         pub_url = self._url(self._pub_prefix())
         entry_keys = [self._pub_prefix() + format_entry_name(entry) for entry in plan.remove]
         refused = self._delete_keys(entry_keys, action="remove entries from", location=pub_url)
@@ -644,14 +711,21 @@ class S3Store:
                 f"removed: {_failed_keys_text(refused, self._url)}",
                 location=pub_url,
             )
-        # Read again: an entry published since the plan was made still protects its folder.
+        # Read again: an entry published or pinned since the plan was made still protects its folder, and
+        # an entry pinned meanwhile is put back (ckpt.pins rule 2).
+        pins = pinned_entries(self)
+        restored = set(plan.remove) & set(pins)
+        for entry in sorted(restored, key=lambda e: e.key):
+            self._create_exclusive(self._pub_prefix() + format_entry_name(entry), action="put back")
+        removed = tuple(e for e in plan.remove if e not in restored)
         needed = Overlap(entry.save for entry in self.entries())
+        pinned_now = Overlap(p.save for p in pins)
         removed_folders: list[str] = []
         skipped: list[SkippedFolder] = []
         refused_objects: list[tuple[str, str]] = []
         for folder, location in folders:
-            if needed(folder):
-                skipped.append(SkippedFolder(location, "named by an entry published during the prune"))
+            if needed(folder) or pinned_now(folder):
+                skipped.append(SkippedFolder(location, SKIP_PINNED if pinned_now(folder) else SKIP_PUBLISHED))
                 continue
             keys = [obj["Key"] for obj in self._objects(self._key(folder) + "/", action="list the folder")]
             if not keys:
@@ -664,12 +738,12 @@ class S3Store:
                 removed_folders.append(location)
         if refused_objects:
             raise StorageError(
-                f"prune removed {len(plan.remove)} entries and {len(removed_folders)} folders, but the "
+                f"prune removed {len(removed)} entries and {len(removed_folders)} folders, but the "
                 f"storage refused to delete {len(refused_objects)} objects: "
                 + _failed_keys_text(refused_objects, self._url),
                 location=self._url(refused_objects[0][0]),
             )
-        return PruneResult(plan.remove, tuple(removed_folders), tuple(skipped))
+        return PruneResult(removed, tuple(removed_folders), tuple(skipped), kept=retention.kept)
 
     # -- what the watcher needs ------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from ckpt.domain.entries import Entry
+from ckpt.domain.retention import Kept
 
 __all__ = [
     "FileInfo",
@@ -41,6 +42,7 @@ class PruneResult:
     removed_folders: tuple[str, ...]
     skipped: tuple[SkippedFolder, ...]
     dry_run: bool = False
+    kept: tuple[Kept, ...] = ()  # every entry kept, with why (latest, every, pinned), ascending
 
 
 @attrs.frozen
@@ -89,12 +91,31 @@ class Store(Protocol):
         """Return the greatest entry, or ``None``. A pure read: no lock, no write, no check of the save."""
         ...
 
-    def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
-        """Remove all but the ``keep`` greatest entries, then the folders only removed entries named.
+    def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
+        """Remove the entries no retention tier keeps, then the folders only removed entries named.
 
-        Entries are read again after the removals and before any folder is removed. ``keep < 1`` raises
+        Kept: the ``keep`` greatest entries, every entry whose step is a multiple of ``keep_every`` (when
+        given), and every pinned entry; no folder a kept entry or a pin needs is removed
+        (``ckpt.domain.retention``). Entries and pins are read again after the removals and before any
+        folder is removed; an entry pinned meanwhile is put back. ``keep < 1`` or ``keep_every < 1`` raises
         ``InvalidError``. With ``dry_run`` nothing is changed and the result says what would be removed.
         """
+        ...
+
+    def pin(self, entry: Entry) -> bool:
+        """Pin the published ``entry`` so that no prune removes it or its folder (``ckpt.pins``).
+
+        Returns True when this call pinned it, False when it was already pinned. ``NotFoundError`` when
+        the entry is not published (or a prune removed it while it was being pinned).
+        """
+        ...
+
+    def unpin(self, entry: Entry) -> bool:
+        """Remove the pin of ``entry``; True when there was one. Unpinning twice is not an error."""
+        ...
+
+    def pinned(self) -> list[Entry]:
+        """Return the pinned entries, ascending; ``MalformedError`` for a bad name in ``pins/``."""
         ...
 
     def location(self, entry: Entry) -> str:

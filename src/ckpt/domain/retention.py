@@ -25,7 +25,11 @@ from ckpt.domain.entries import Entry, sort_entries
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.prune import Overlap, PrunePlan
 
-__all__ = ["KeepReason", "Kept", "RetentionPlan", "plan_retention"]
+__all__ = ["SKIP_PINNED", "SKIP_PUBLISHED", "KeepReason", "Kept", "RetentionPlan", "plan_retention"]
+
+#: Why a prune leaves a planned folder after reading the entries and pins again.
+SKIP_PUBLISHED = "named by an entry published during the prune"
+SKIP_PINNED = "named by a pin made during the prune"
 
 
 class KeepReason(enum.Enum):
