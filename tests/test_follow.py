@@ -1,4 +1,4 @@
-"""Following the publication log: the pure rule, ``ckpt.follow.follow`` on every store, S3's request budget
+"""Following the publication log: the pure rule, ``ckpt.following.follow`` on every store, S3's request budget
 on the wire, and ``ckpt follow`` as a real process (output, signals, exit codes)."""
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from ckpt.domain.entries import Entry
 from ckpt.domain.errors import InvalidError, MalformedError
 from ckpt.domain.follow import Followed, new_entries
 from ckpt.domain.names import format_entry_name
-from ckpt.follow import follow
+from ckpt.following import follow
 from ckpt.testing import InMemoryStore
+from harness import Harness
 from s3_support import RequestLog, new_bucket_name, raw_client
 
 CKPT = [sys.executable, "-m", "ckpt"]
@@ -154,6 +155,18 @@ class TestFollow:
         store.put_raw_entry("not-an-entry")  # a listing would raise MalformedError instead
         with pytest.raises(InvalidError):
             follow(store, interval=interval, scan_timeout=scan_timeout)
+
+
+class TestStoreFollow:
+    def test_every_store_follows_its_own_log(self, harness: Harness) -> None:
+        """store.follow() on every store: from now, a zombie's late entry marked, the new latest marked."""
+        store = harness.store()
+        store.publish(2, 100, harness.make_save("exec/b/ck-100"))
+        followed = store.follow(interval=0.01)
+        zombie = store.publish(1, 900, harness.make_save("exec/a/ck-900"))
+        newest = store.publish(2, 200, harness.make_save("exec/b/ck-200"))
+        assert [next(followed), next(followed)] == [Followed(zombie, False), Followed(newest, True)]
+        followed.close()
 
 
 @pytest.fixture

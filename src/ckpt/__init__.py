@@ -29,11 +29,14 @@ from ckpt.domain.errors import (
 from ckpt.domain.names import format_entry_name, parse_entry_name
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SaveReader, SkippedFolder, Store, WatchStore
 from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
+from ckpt.domain.retention import KeepReason, Kept, RetentionPlan, plan_retention
 from ckpt.store import open_store
 
 if TYPE_CHECKING:
+    from ckpt.domain.follow import Followed
     from ckpt.domain.frameworks import Framework, parse_framework
     from ckpt.domain.proxy import ProxyRule
+    from ckpt.following import follow
     from ckpt.verify import Verified, resolve_verified
     from ckpt.watcher import Watcher
 
@@ -45,14 +48,18 @@ __all__ = [
     "ExistsError",
     "FileInfo",
     "Folder",
+    "Followed",
     "Framework",
     "InvalidError",
+    "KeepReason",
+    "Kept",
     "MalformedError",
     "NotFoundError",
     "ProxyConfigError",
     "ProxyRule",
     "PrunePlan",
     "PruneResult",
+    "RetentionPlan",
     "SaveReader",
     "ScanTimeoutError",
     "SkippedFolder",
@@ -61,6 +68,7 @@ __all__ = [
     "Verified",
     "WatchStore",
     "Watcher",
+    "follow",
     "format_entry_name",
     "latest",
     "open_store",
@@ -70,6 +78,7 @@ __all__ = [
     "parse_framework",
     "parse_step",
     "plan_prune",
+    "plan_retention",
     "resolve_verified",
     "validate_attempt",
     "validate_save",
@@ -87,6 +96,8 @@ _LAZY = {
     "Watcher": "ckpt.watcher",
     "Verified": "ckpt.verify",
     "resolve_verified": "ckpt.verify",
+    "follow": "ckpt.following",
+    "Followed": "ckpt.domain.follow",
 }
 
 

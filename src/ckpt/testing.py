@@ -18,7 +18,7 @@ Every instance has its own state (no class-level sharing); a lock makes it safe 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ckpt.domain.entries import Entry, exec_save_prefix, validate_save
@@ -31,6 +31,7 @@ from ckpt.pins import pin_entry, pinned_entries, unpin_entry
 
 if TYPE_CHECKING:
     from ckpt.creds.model import Credentials
+    from ckpt.domain.follow import Followed, StopSignal
 
 __all__ = ["InMemoryStore", "StaticCredentialSource"]
 
@@ -181,6 +182,19 @@ class InMemoryStore:
     def pinned(self) -> list[Entry]:
         """Return the pinned entries, ascending."""
         return pinned_entries(self)
+
+    def follow(
+        self,
+        *,
+        interval: float = 10.0,
+        from_start: bool = False,
+        scan_timeout: float | None = 120.0,
+        stop: StopSignal | None = None,
+    ) -> Iterator[Followed]:
+        """Yield each entry as it is published, once, marked as the latest or not (``ckpt.following``)."""
+        from ckpt.following import follow
+
+        return follow(self, interval=interval, from_start=from_start, scan_timeout=scan_timeout, stop=stop)
 
     def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
         """Remove the entries no retention tier keeps, then the folders only they named; pins protect."""

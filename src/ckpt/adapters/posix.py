@@ -32,7 +32,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, suppress
 from itertools import islice
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ckpt.adapters.posix_pins import PosixPins
 from ckpt.domain.entries import PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
@@ -49,6 +49,9 @@ from ckpt.domain.prune import Overlap
 from ckpt.domain.redaction import redact_url
 from ckpt.domain.retention import SKIP_PINNED, SKIP_PUBLISHED, plan_retention
 from ckpt.pins import pin_entry, pinned_entries, unpin_entry
+
+if TYPE_CHECKING:
+    from ckpt.domain.follow import Followed, StopSignal
 
 __all__ = ["PosixStore", "Syscalls"]
 
@@ -431,6 +434,19 @@ class PosixStore:
     def pinned(self) -> list[Entry]:
         """Return the pinned entries, ascending."""
         return pinned_entries(self)
+
+    def follow(
+        self,
+        *,
+        interval: float = 10.0,
+        from_start: bool = False,
+        scan_timeout: float | None = 120.0,
+        stop: StopSignal | None = None,
+    ) -> Iterator[Followed]:
+        """Yield each entry as it is published, once, marked as the latest or not (``ckpt.following``)."""
+        from ckpt.following import follow
+
+        return follow(self, interval=interval, from_start=from_start, scan_timeout=scan_timeout, stop=stop)
 
     def _restore_entries(self, entries: Sequence[Entry]) -> None:
         """Create the entries again (pinned during a prune that removed them), as durably as publish."""

@@ -73,6 +73,7 @@ from ckpt.pins import pin_entry, pinned_entries, unpin_entry
 
 if TYPE_CHECKING:
     from ckpt.config import Config
+    from ckpt.domain.follow import Followed, StopSignal
 
 __all__ = [
     "MAX_PREFIX_BYTES",
@@ -684,6 +685,19 @@ class S3Store:
     def pinned(self) -> list[Entry]:
         """Return the pinned entries, ascending."""
         return pinned_entries(self)
+
+    def follow(
+        self,
+        *,
+        interval: float = 10.0,
+        from_start: bool = False,
+        scan_timeout: float | None = 120.0,
+        stop: StopSignal | None = None,
+    ) -> Iterator[Followed]:
+        """Yield each entry as it is published, once, marked as the latest or not (``ckpt.following``)."""
+        from ckpt.following import follow
+
+        return follow(self, interval=interval, from_start=from_start, scan_timeout=scan_timeout, stop=stop)
 
     def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
         """Remove the entries no retention tier keeps, then the folders only they named (module rule 3).

@@ -72,7 +72,7 @@ def _handle(ctx: Any) -> int:
 def run(ctx: Any, stop: threading.Event) -> int:
     """Follow the store of ``ctx`` (``ckpt.cli.Context``) until ``stop`` is set; return the exit code."""
     from ckpt.cli.output import entry_document, entry_line, json_text
-    from ckpt.follow import DEFAULT_INTERVAL, DEFAULT_SCAN_TIMEOUT, follow
+    from ckpt.following import DEFAULT_INTERVAL, DEFAULT_SCAN_TIMEOUT, follow
 
     args = ctx.args
     interval = (

@@ -16,12 +16,25 @@ Pure: standard library and attrs only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import attrs
 
 from ckpt.domain.entries import Entry, latest, sort_entries
 
-__all__ = ["Followed", "new_entries"]
+__all__ = ["Followed", "StopSignal", "new_entries"]
+
+
+class StopSignal(Protocol):
+    """What ends a follow: ``threading.Event`` is one."""
+
+    def is_set(self) -> bool:
+        """True once the follow should end."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait at most ``timeout`` seconds for the signal; return whether it is set."""
+        ...
 
 
 @attrs.frozen

@@ -8,12 +8,16 @@ A *location* is a save's address in the store's own form: an absolute POSIX path
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
 from ckpt.domain.entries import Entry
 from ckpt.domain.retention import Kept
+
+if TYPE_CHECKING:
+    from ckpt.domain.follow import Followed, StopSignal
 
 __all__ = [
     "FileInfo",
@@ -116,6 +120,21 @@ class Store(Protocol):
 
     def pinned(self) -> list[Entry]:
         """Return the pinned entries, ascending; ``MalformedError`` for a bad name in ``pins/``."""
+        ...
+
+    def follow(
+        self,
+        *,
+        interval: float = 10.0,
+        from_start: bool = False,
+        scan_timeout: float | None = 120.0,
+        stop: StopSignal | None = None,
+    ) -> Iterator[Followed]:
+        """Yield each entry once as it is published, in log order, marked when it is not the latest.
+
+        Starts from the moment of the call unless ``from_start``; one listing per ``interval`` seconds,
+        each bounded by ``scan_timeout``; ``stop`` ends it before its next listing (``ckpt.following``).
+        """
         ...
 
     def location(self, entry: Entry) -> str:

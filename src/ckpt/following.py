@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import InvalidError, ScanTimeoutError
-from ckpt.domain.follow import Followed, new_entries
+from ckpt.domain.follow import Followed, StopSignal, new_entries
 from ckpt.domain.ports import Store
 
 __all__ = ["DEFAULT_INTERVAL", "DEFAULT_SCAN_TIMEOUT", "Followed", "follow"]
@@ -77,7 +77,7 @@ def follow(
     interval: float = DEFAULT_INTERVAL,
     from_start: bool = False,
     scan_timeout: float | None = DEFAULT_SCAN_TIMEOUT,
-    stop: threading.Event | None = None,
+    stop: StopSignal | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[Followed]:
     """Return a generator of each entry of ``store`` as it is published, once, as a :class:`Followed`.
@@ -119,7 +119,7 @@ def _follow(
     *,
     interval: float,
     timeout: float | None,
-    stop: threading.Event,
+    stop: StopSignal,
     clock: Callable[[], float],
     seen: set[Entry],
     next_at: float,
