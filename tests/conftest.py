@@ -1,4 +1,8 @@
-"""Shared fixtures. ``harness`` runs a test once per store implementation (the contract suite)."""
+"""Shared fixtures and the hypothesis profiles.
+
+``harness`` runs a test once per store implementation (the contract suite). Every property test draws
+its examples deterministically (the ``ci`` profile) unless ``--hypothesis-profile=fuzz`` is given.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -18,6 +23,12 @@ from s3_support import (  # noqa: F401 - the fixtures are imported for pytest to
     moto_server,
     moto_server_store_client,
 )
+from support.fuzzing import DETERMINISTIC, register_profiles
+
+# Every run is deterministic unless asked otherwise: `--hypothesis-profile=fuzz` (python3 dev.py fuzz) is
+# loaded after this, in hypothesis' pytest_configure, and replaces it. See tests/support/fuzzing.py.
+register_profiles()
+settings.load_profile(DETERMINISTIC)
 
 HarnessFactory = Callable[[pytest.FixtureRequest, Path], Iterator[Harness]]
 

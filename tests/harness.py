@@ -29,6 +29,10 @@ class Harness(Protocol):
         """Create the save folder ``save`` (relative to the root) with ``files``; return its location."""
         ...
 
+    def make_file(self, path: str, data: bytes) -> str:
+        """Create one regular file (on S3 one object) at ``path`` under the root; return its location."""
+        ...
+
     def remove_save(self, save: str) -> None:
         """Delete the save folder and everything in it, beside the store."""
         ...
@@ -63,6 +67,11 @@ class MemoryHarness:
         for name, data in (files or {"model.bin": b"weights"}).items():
             self._store.write_file(location, name, data)
         return location
+
+    def make_file(self, path: str, data: bytes) -> str:
+        parent, _, name = path.rpartition("/")
+        self._store.write_file(f"{self._store.root}/{parent}", name, data)
+        return f"{self._store.root}/{path}"
 
     def remove_save(self, save: str) -> None:
         self._store.remove_tree(f"{self._store.root}/{save}")
@@ -99,6 +108,13 @@ class PosixHarness:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(data)
+        return location
+
+    def make_file(self, path: str, data: bytes) -> str:
+        location = os.path.join(self.root, path)
+        os.makedirs(os.path.dirname(location), exist_ok=True)
+        with open(location, "wb") as f:
+            f.write(data)
         return location
 
     def remove_save(self, save: str) -> None:

@@ -224,6 +224,10 @@ class S3Harness:
             self.put(f"{save}/{name}", data)
         return f"{self._store.root}/{save}"
 
+    def make_file(self, path: str, data: bytes) -> str:
+        self.put(path, data)
+        return f"{self._store.root}/{path}"
+
     def remove_save(self, save: str) -> None:
         for key in self.keys_under(save):
             self.client.delete_object(Bucket=self.bucket, Key=key)

@@ -131,10 +131,10 @@ class TestPublish:
         rel = save(root, "exec/a/ck-1")
         assert_one_line_error(ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1.5", rel), 2)
 
-    def test_missing_save_exits_1(self, root: Path) -> None:
-        """A save that does not exist is refused (exit 1) and nothing is published."""
+    def test_missing_save_exits_2(self, root: Path) -> None:
+        """A save that does not exist is an invalid argument (exit 2, SPEC §4) and nothing is published."""
         assert_one_line_error(
-            ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1", "exec/x"), 1
+            ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1", "exec/x"), 2
         )
 
     def test_save_outside_root_exits_2(self, root: Path, tmp_path: Path) -> None:

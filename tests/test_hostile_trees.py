@@ -374,13 +374,14 @@ class TestDeepTrees:
 
 class TestFifoInASave:
     def test_nothing_waits_on_a_fifo(self, root: Path) -> None:
-        """A FIFO inside a save is listed, skipped by sync_save, read as empty, and removed by prune."""
+        """A FIFO inside a save is listed, skipped by sync_save, never opened as a file, removed by prune."""
         save = make_save(root, "exec/a/ck-1")
         os.mkfifo(os.path.join(save, "trainer_state.json"))
         store = PosixStore(str(root))
         assert [f.path for f in store.files(save)] == ["model.bin", "trainer_state.json"]
         store.sync_save(save)  # opening it to fsync it would wait for a writer forever
-        assert store.read_file(save, "trainer_state.json") == b""
+        assert store.read_file(save, "trainer_state.json") is None  # not a regular file: no trainer state
+        assert store.exists(save, "trainer_state.json") is False
         store.publish(1, 1, save)
         store.publish(1, 2, make_save(root, "exec/a/ck-2"))
         assert store.prune(1).removed_folders == (save,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import shutil
@@ -14,8 +15,11 @@ import pytest
 
 from ckpt.adapters.posix import PosixStore, Syscalls
 from ckpt.domain.entries import Entry
-from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError
+from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError, StorageError
+from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name
+from ckpt.verify import resolve_verified
+from support.faulty_syscalls import FaultySyscalls
 
 
 def make_save(root: Path, save: str) -> str:
@@ -280,3 +284,205 @@ class TestFilesWhileTheSaveChanges:
     def test_a_save_that_is_gone_has_no_files(self, root: Path) -> None:
         """A save folder that no longer exists lists as empty."""
         assert PosixStore(str(root)).files(str(root / "exec/a/missing")) == []
+
+
+def ckpt_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ckpt`` with no CKPT_/DISPATCH_ variables from the environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+class TestPublishWhatIsNotASave:
+    def test_a_missing_save_exits_2_as_an_invalid_argument(self, root: Path) -> None:
+        """ckpt publish of a save folder that does not exist exits 2 with one line, publishing nothing."""
+        save = root / "exec/a/ck-1"
+        result = ckpt_cli("--root", str(root), "publish", "--epoch", "1", "--step", "1", str(save))
+        assert (result.returncode, result.stderr) == (2, f"ckpt: save {save} does not exist\n")
+        assert not (root / "pub").exists() or os.listdir(root / "pub") == []
+
+    def test_a_regular_file_exits_2_saying_a_save_is_a_folder(self, root: Path) -> None:
+        """ckpt publish of a regular file exits 2 with "not a directory", as on every store."""
+        save = root / "exec/a/ck-1"
+        save.parent.mkdir(parents=True)
+        save.write_bytes(b"weights")
+        result = ckpt_cli("--root", str(root), "publish", "--epoch", "1", "--step", "1", str(save))
+        assert (result.returncode, result.stderr) == (
+            2,
+            f"ckpt: save {save} is not a directory: a save is a folder\n",
+        )
+
+    def test_a_missing_root_is_still_a_storage_failure(self, tmp_path: Path) -> None:
+        """With the root itself gone, publish is NotFoundError (exit 1), not an invalid save."""
+        root = tmp_path / "gone"
+        with pytest.raises(NotFoundError) as caught:
+            PosixStore(str(root)).publish(1, 1, str(root / "exec/a/ck-1"))
+        assert not isinstance(caught.value, InvalidError)
+
+
+class TestRootWithDotDot:
+    @pytest.mark.parametrize("root_text", ["{base}/link/../root", "{base}/./root", "{base}/root/."])
+    def test_a_root_with_dot_elements_is_refused(self, tmp_path: Path, root_text: str) -> None:
+        """A root with '.' or '..' elements is InvalidError: the kernel may resolve it to another folder."""
+        with pytest.raises(InvalidError, match=r"'\.' or '\.\.' path element"):
+            PosixStore(root_text.format(base=tmp_path))
+
+    def test_prune_through_the_cli_refuses_it_and_removes_nothing(self, tmp_path: Path) -> None:
+        """ckpt --root /a/link/../root prune exits 2, leaving both trees (the text's, the kernel's) whole.
+
+        /a/link points to /b/deep, so the kernel reads /a/link/../root as /b/root, while text normalisation
+        gives /a/root: before the fix, prune read one tree's entries and removed folders from the other.
+        """
+        text_root = tmp_path / "a" / "root"
+        kernel_root = tmp_path / "b" / "root"
+        (tmp_path / "b" / "deep").mkdir(parents=True)
+        (tmp_path / "a").mkdir()
+        os.symlink(tmp_path / "b" / "deep", tmp_path / "a" / "link")
+        for root in (text_root, kernel_root):
+            root.mkdir()
+            store = PosixStore(str(root))
+            store.publish(1, 1, make_save(root, "exec/a/ck-1"))
+            store.publish(1, 2, make_save(root, "exec/a/ck-2"))
+        result = ckpt_cli("--root", f"{tmp_path}/a/link/../root", "prune", "--keep", "1")
+        assert result.returncode == 2, result.stderr
+        assert "'.' or '..' path element" in result.stderr
+        for root in (text_root, kernel_root):
+            assert (root / "exec/a/ck-1").is_dir()
+            assert len(os.listdir(root / "pub")) == 2
+
+    def test_a_root_through_a_link_is_the_folder_the_kernel_resolves(self, tmp_path: Path) -> None:
+        """A root whose path holds a symbolic link (no '..') works: every command sees the same folder."""
+        (tmp_path / "real").mkdir()
+        os.symlink(tmp_path / "real", tmp_path / "link")
+        store = PosixStore(f"{tmp_path}/link/")
+        assert store.root == f"{tmp_path}/link"
+        make_save(tmp_path / "real", "exec/a/ck-1")
+        store.publish(1, 1, f"{tmp_path}/link/exec/a/ck-1")
+        assert [e.step for e in PosixStore(str(tmp_path / "real")).entries()] == [1]
+
+
+class TestExistsOnlyNoSuchFileIsAbsence:
+    @pytest.mark.parametrize("err", [errno.EIO, errno.EACCES, errno.ENOMEM])
+    def test_an_io_error_on_the_sentinel_is_a_storage_error_not_absence(self, root: Path, err: int) -> None:
+        """EIO (or EACCES...) looking at checkpoint-is-incomplete.txt raises; it never reads as "absent"."""
+        save = make_save(root, "exec/a/checkpoint-5")
+        (Path(save) / "trainer_state.json").write_bytes(b"{}")
+        (Path(save) / "checkpoint-is-incomplete.txt").write_bytes(b"")
+        calls = FaultySyscalls(str(root))
+        calls.fail("lstat", 1, err)
+        with pytest.raises(StorageError) as caught:
+            PosixStore(str(root), syscalls=calls).exists(save, "checkpoint-is-incomplete.txt")
+        assert f"{save}/checkpoint-is-incomplete.txt" in str(caught.value)
+        assert os.strerror(err) in str(caught.value)
+
+    def test_verified_resolve_does_not_pass_an_unreadable_incomplete_save(self, root: Path) -> None:
+        """With the sentinel's lstat failing, verified resolve raises instead of accepting the save."""
+        save = make_save(root, "exec/a/checkpoint-5")
+        (Path(save) / "trainer_state.json").write_bytes(b"{}")
+        (Path(save) / "checkpoint-is-incomplete.txt").write_bytes(b"")
+        PosixStore(str(root)).publish(1, 5, save)
+        calls = FaultySyscalls(str(root))
+        calls.fail("lstat", 2, errno.EIO)  # the first lstat is trainer_state.json's, before it is read
+        with pytest.raises(StorageError):
+            resolve_verified(PosixStore(str(root), syscalls=calls), Framework.HF)
+
+    @pytest.mark.parametrize("err", [errno.EIO, errno.EACCES])
+    def test_an_io_error_on_a_folder_on_the_way_is_a_storage_error(self, root: Path, err: int) -> None:
+        """A failed open of a folder between the root and the file is an error too, not absence."""
+        save = make_save(root, "exec/a/step-5")
+        (Path(save) / ".metadata").write_bytes(b"m")
+        calls = FaultySyscalls(str(root))
+        calls.fail("open", 3, err)  # the root, exec, then a
+        with pytest.raises(StorageError):
+            PosixStore(str(root), syscalls=calls).exists(save, ".metadata")
+
+    def test_a_missing_name_or_a_file_on_the_way_is_absence(self, root: Path) -> None:
+        """ENOENT, and ENOTDIR where an element of the name is a file, are "absent"."""
+        save = make_save(root, "exec/a/step-5")
+        store = PosixStore(str(root))
+        assert store.exists(save, ".metadata") is False
+        assert store.exists(save, "model.bin/.metadata") is False
+        assert store.read_file(save, "model.bin/x") is None
+
+
+class TestMarkersAreRegularFilesOnPosix:
+    def test_a_dangling_link_named_metadata_does_not_complete_a_dcp_save(self, root: Path) -> None:
+        """A dangling .metadata link is no marker: exists is False and verified resolve passes it over."""
+        save = make_save(root, "exec/a/step-5")
+        os.symlink("nowhere", os.path.join(save, ".metadata"))
+        store = PosixStore(str(root))
+        store.publish(1, 5, save)
+        assert store.exists(save, ".metadata") is False
+        assert resolve_verified(store, Framework.DCP).entry is None
+
+    def test_a_link_to_a_real_file_is_no_marker_either(self, root: Path, tmp_path: Path) -> None:
+        """A .metadata that links to a regular file is still a link: not a marker."""
+        save = make_save(root, "exec/a/step-5")
+        (tmp_path / "elsewhere").write_bytes(b"m")
+        os.symlink(tmp_path / "elsewhere", os.path.join(save, ".metadata"))
+        assert PosixStore(str(root)).exists(save, ".metadata") is False
+
+    def test_a_folder_named_like_the_hf_sentinel_does_not_block_a_save(self, root: Path) -> None:
+        """A folder called checkpoint-is-incomplete.txt is no sentinel: the hf save is complete."""
+        save = make_save(root, "exec/a/checkpoint-5")
+        (Path(save) / "trainer_state.json").write_bytes(b"{}")
+        (Path(save) / "checkpoint-is-incomplete.txt").mkdir()
+        store = PosixStore(str(root))
+        entry = store.publish(1, 5, save)
+        assert store.exists(save, "checkpoint-is-incomplete.txt") is False
+        assert resolve_verified(store, Framework.HF).entry == entry
+
+
+class TestReadFileStaysInsideTheSave:
+    def test_a_trainer_state_linking_to_dev_zero_reads_as_absent_at_once(self, root: Path) -> None:
+        """trainer_state.json -> /dev/zero is a link: read_file returns None without opening it."""
+        save = make_save(root, "exec/a/checkpoint-5")
+        os.symlink("/dev/zero", os.path.join(save, "trainer_state.json"))
+        calls = FaultySyscalls(str(root))
+        assert PosixStore(str(root), syscalls=calls).read_file(save, "trainer_state.json") is None
+        assert not any(c.operation == "read" for c in calls.calls)
+
+    def test_a_trainer_state_linking_outside_the_save_is_not_read(self, root: Path, tmp_path: Path) -> None:
+        """A link to a valid trainer_state.json elsewhere is not followed: the save has no trainer state."""
+        save = make_save(root, "exec/a/checkpoint-5")
+        (tmp_path / "state.json").write_bytes(b'{"global_step": 5}')
+        os.symlink(tmp_path / "state.json", os.path.join(save, "trainer_state.json"))
+        store = PosixStore(str(root))
+        assert store.read_file(save, "trainer_state.json") is None
+        store.publish(1, 5, save)
+        assert resolve_verified(store, Framework.HF).entry is None
+
+    def test_a_file_reached_through_a_linked_folder_is_not_read(self, root: Path, tmp_path: Path) -> None:
+        """A folder link inside the save (sub -> elsewhere) is never gone through."""
+        save = make_save(root, "exec/a/checkpoint-5")
+        (tmp_path / "elsewhere").mkdir()
+        (tmp_path / "elsewhere" / "x.json").write_bytes(b"{}")
+        os.symlink(tmp_path / "elsewhere", os.path.join(save, "sub"))
+        store = PosixStore(str(root))
+        assert store.read_file(save, "sub/x.json") is None
+        assert store.exists(save, "sub/x.json") is False
+
+    def test_a_save_that_is_a_link_is_not_read_through(self, root: Path, tmp_path: Path) -> None:
+        """A save folder that is itself a link out of the root has no readable files and no folders."""
+        (tmp_path / "elsewhere").mkdir()
+        (tmp_path / "elsewhere" / "trainer_state.json").write_bytes(b"{}")
+        (root / "exec" / "a").mkdir(parents=True)
+        os.symlink(tmp_path / "elsewhere", root / "exec" / "a" / "checkpoint-5")
+        store = PosixStore(str(root))
+        save = str(root / "exec" / "a" / "checkpoint-5")
+        assert store.read_file(save, "trainer_state.json") is None
+        assert store.folders(save) == []
+
+    def test_read_file_outside_the_root_is_invalid(self, root: Path) -> None:
+        """read_file("/etc", "passwd") is InvalidError, not the file's content."""
+        store = PosixStore(str(root))
+        with pytest.raises(InvalidError):
+            store.read_file("/etc", "passwd")
+        with pytest.raises(InvalidError):
+            store.folders("/etc")

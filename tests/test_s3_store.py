@@ -32,6 +32,7 @@ from ckpt.domain.errors import (
     InvalidError,
     MalformedError,
     NotFoundError,
+    SaveNotFoundError,
     StorageError,
 )
 from ckpt.domain.names import format_entry_name
@@ -272,17 +273,26 @@ class TestPublish:
         assert kept["Body"].read() == b"left by someone else"
 
     def test_a_missing_save_sends_no_put(self, moto: InProcess) -> None:
-        """A save with no object under it is NotFoundError after the one listing."""
+        """A save with no object under it is SaveNotFoundError after the listing and one HeadObject."""
         store, log, _client = moto.store()
-        with pytest.raises(NotFoundError, match="does not exist"):
+        with pytest.raises(SaveNotFoundError, match="does not exist"):
             store.publish(1, 1, store.location(Entry(1, 1, SAVE)))
-        assert log.operations() == ["ListObjectsV2"]
+        assert log.operations() == ["ListObjectsV2", "HeadObject"]
+
+    def test_an_object_at_the_save_key_is_a_file_not_a_save(self, moto: InProcess) -> None:
+        """An object at exactly the save's key, with nothing under it, is InvalidError "not a directory"."""
+        store, log, _client = moto.store()
+        moto.put(f"{ROOT_PREFIX}/{SAVE}")
+        with pytest.raises(InvalidError, match="is not a directory") as caught:
+            store.publish(1, 1, store.location(Entry(1, 1, SAVE)))
+        assert not isinstance(caught.value, SaveNotFoundError)
+        assert log.operations() == ["ListObjectsV2", "HeadObject"]
 
     def test_a_longer_sibling_folder_does_not_make_a_save_exist(self, moto: InProcess) -> None:
         """Objects under checkpoint-10/ do not count as the save checkpoint-1."""
         store, _log, _client = moto.store()
         moto.put(f"{ROOT_PREFIX}/exec/a/checkpoint-10/model.bin")
-        with pytest.raises(NotFoundError):
+        with pytest.raises(SaveNotFoundError):
             store.publish(1, 1, store.location(Entry(1, 1, "exec/a/checkpoint-1")))
 
     def test_a_conflict_409_is_retried_and_then_succeeds(self, http: OverHttp, aws_env: Any) -> None:

@@ -7,11 +7,26 @@ so what is checked is what the store itself reads and writes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
+import ckpt
 from ckpt.domain.entries import Entry
-from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError
+from ckpt.domain.errors import (
+    CkptError,
+    ExistsError,
+    InvalidError,
+    InvalidTypeError,
+    MalformedError,
+    SaveNotFoundError,
+    StorageError,
+)
+from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name
+from ckpt.domain.saves import MAX_READ_BYTES, too_large
+from ckpt.verify import resolve_verified
 from harness import Harness
 
 EXEC_A = "exec/1.4101.0"
@@ -47,11 +62,26 @@ class TestPublish:
         store.publish(7, 501, location)
         assert [e.step for e in store.entries()] == [500, 501]
 
-    def test_missing_save_is_refused(self, harness: Harness) -> None:
-        """A save that does not exist is refused with NotFoundError and nothing is published."""
+    def test_missing_save_is_an_invalid_argument(self, harness: Harness) -> None:
+        """A save that does not exist is SaveNotFoundError, an InvalidError (exit 2), not a StorageError."""
         store = harness.store()
-        with pytest.raises(NotFoundError):
-            store.publish(1, 1, store.exec_dir("a") + "/checkpoint-1")
+        location = store.exec_dir("a") + "/checkpoint-1"
+        with pytest.raises(SaveNotFoundError) as caught:
+            store.publish(1, 1, location)
+        assert isinstance(caught.value, InvalidError)
+        assert not isinstance(caught.value, StorageError)
+        assert caught.value.location == location
+        assert str(caught.value) == f"save {location} does not exist"
+        assert store.entries() == []
+
+    def test_a_regular_file_is_not_a_save(self, harness: Harness) -> None:
+        """One naming a file (on S3 an object at exactly its key) is InvalidError: saves are folders."""
+        store = harness.store()
+        location = harness.make_file(f"{EXEC_A}/checkpoint-1", b"weights")
+        with pytest.raises(InvalidError) as caught:
+            store.publish(1, 1, location)
+        assert not isinstance(caught.value, SaveNotFoundError)
+        assert str(caught.value) == f"save {location} is not a directory: a save is a folder"
         assert store.entries() == []
 
     def test_location_outside_the_root_is_invalid(self, harness: Harness) -> None:
@@ -286,3 +316,204 @@ class TestWatchPort:
             ("trainer_state.json", 2),
             ("w/x.bin", 3),
         ]
+
+
+def sibling_of_root(store: Any) -> str:
+    """A location that starts like the root but is not under it: ``<root>-other/exec/a/ck-1``."""
+    return store.root.rstrip("/") + "-other/exec/a/ck-1"
+
+
+class TestWatchPortBoundaries:
+    def test_folders_of_the_root_with_or_without_a_trailing_slash(self, harness: Harness) -> None:
+        """folders(root) and folders(root + "/") list the root's folders with the same locations."""
+        store = harness.store()
+        harness.make_save(f"{EXEC_A}/checkpoint-1")
+        harness.put_raw_name(format_entry_name(Entry(1, 1, f"{EXEC_A}/checkpoint-1")))
+        root = store.root.rstrip("/")
+        expected = [("exec", f"{root}/exec"), ("pub", f"{root}/pub")]
+        assert sorted((f.name, f.location) for f in store.folders(store.root)) == expected
+        assert sorted((f.name, f.location) for f in store.folders(root + "/")) == expected
+
+    def test_a_trailing_slash_on_a_location_changes_nothing(self, harness: Harness) -> None:
+        """folders(location + "/") gives the same folders and locations as folders(location)."""
+        store = harness.store()
+        harness.make_save(f"{EXEC_A}/checkpoint-1")
+        exec_dir = store.exec_dir("1.4101.0")
+        expected = [("checkpoint-1", f"{exec_dir}/checkpoint-1")]
+        assert [(f.name, f.location) for f in store.folders(exec_dir)] == expected
+        assert [(f.name, f.location) for f in store.folders(exec_dir + "/")] == expected
+
+    @pytest.mark.parametrize("operation", ["folders", "read_file", "exists", "files", "sync_save"])
+    @pytest.mark.parametrize("where", ["sibling", "dotdot", "other-scheme"])
+    def test_locations_outside_the_root_are_invalid(
+        self, harness: Harness, operation: str, where: str
+    ) -> None:
+        """Every read (and sync_save) refuses a location outside the root with InvalidError."""
+        store = harness.store()
+        harness.make_save(f"{EXEC_A}/checkpoint-1", {"trainer_state.json": b"{}"})
+        location = {
+            "sibling": sibling_of_root(store),
+            "dotdot": f"{store.root.rstrip('/')}/{EXEC_A}/../../..",
+            "other-scheme": "/etc" if not store.root.startswith("/") else "s3://bucket/exec/a",
+        }[where]
+        calls: dict[str, Callable[[], object]] = {
+            "folders": lambda: store.folders(location),
+            "read_file": lambda: store.read_file(location, "trainer_state.json"),
+            "exists": lambda: store.exists(location, "trainer_state.json"),
+            "files": lambda: store.files(location),
+            "sync_save": lambda: store.sync_save(location),
+        }
+        with pytest.raises(InvalidError):
+            calls[operation]()
+
+    @pytest.mark.parametrize(
+        "name", ["../checkpoint-2/trainer_state.json", "/etc/passwd", "a/../b", "./x", "a//b", "", "x/"]
+    )
+    @pytest.mark.parametrize("operation", ["read_file", "exists"])
+    def test_file_names_that_leave_the_save_are_invalid(
+        self, harness: Harness, operation: str, name: str
+    ) -> None:
+        """A file name must be a clean path inside its save: ../x and /x are InvalidError everywhere."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-1", {"trainer_state.json": b"{}"})
+        harness.make_save(f"{EXEC_A}/checkpoint-2", {"trainer_state.json": b"{}"})
+        with pytest.raises(InvalidError):
+            getattr(store, operation)(location, name)
+
+    def test_sync_save_of_a_save_and_of_a_missing_one(self, harness: Harness) -> None:
+        """sync_save returns for a save (leaving it in place) and for a location with nothing there."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-1", {"trainer_state.json": b"{}"})
+        assert store.sync_save(location) is None
+        assert store.sync_save(store.exec_dir("never") + "/checkpoint-1") is None
+        assert store.read_file(location, "trainer_state.json") == b"{}"
+
+
+class TestMarkersAreRegularFiles:
+    def test_a_folder_named_like_a_marker_is_not_one(self, harness: Harness) -> None:
+        """A .metadata folder (on S3: objects under .metadata/) is not the .metadata file."""
+        store = harness.store()
+        location = harness.make_save(
+            f"{EXEC_A}/step-1", {".metadata/part": b"m", "trainer_state.json/x": b"{}"}
+        )
+        assert store.exists(location, ".metadata") is False
+        assert store.read_file(location, ".metadata") is None
+        assert store.read_file(location, "trainer_state.json") is None
+        assert resolve_verified(store, Framework.DCP).entry is None
+
+    def test_a_regular_file_is_a_marker(self, harness: Harness) -> None:
+        """A regular file inside the save, at the top or deeper, exists and reads back."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/step-1", {".metadata": b"m", "sub/x.bin": b"123"})
+        assert store.exists(location, ".metadata") is True
+        assert store.exists(location, "sub/x.bin") is True
+        assert store.read_file(location, "sub/x.bin") == b"123"
+
+
+class TestReadCap:
+    def test_a_file_over_the_cap_is_an_error_saying_so(self, harness: Harness) -> None:
+        """read_file refuses a file over 64 MiB with a StorageError naming the file and the cap."""
+        store = harness.store()
+        location = harness.make_save(
+            f"{EXEC_A}/checkpoint-1", {"trainer_state.json": b"x" * (MAX_READ_BYTES + 1)}
+        )
+        with pytest.raises(StorageError, match="64 MiB") as caught:
+            store.read_file(location, "trainer_state.json")
+        expected = too_large(f"{location}/trainer_state.json", MAX_READ_BYTES + 1)
+        assert str(caught.value) == str(expected)
+        assert caught.value.location == expected.location
+
+    def test_a_file_at_the_cap_reads_whole(self, harness: Harness) -> None:
+        """A file of exactly 64 MiB is read in full."""
+        store = harness.store()
+        location = harness.make_save(f"{EXEC_A}/checkpoint-1", {"trainer_state.json": b"y" * MAX_READ_BYTES})
+        data = store.read_file(location, "trainer_state.json")
+        assert data is not None
+        assert len(data) == MAX_READ_BYTES
+
+
+# Every public store method, called with a wrong-typed argument. ``save`` is a valid save's location.
+WRONG_TYPED_STORE_CALLS: dict[str, Callable[[Any, str], object]] = {
+    "publish-epoch-none": lambda s, save: s.publish(None, 1, save),
+    "publish-epoch-true": lambda s, save: s.publish(True, 1, save),
+    "publish-epoch-str": lambda s, save: s.publish("1", 1, save),
+    "publish-step-float": lambda s, save: s.publish(1, 1.0, save),
+    "publish-location-none": lambda s, save: s.publish(1, 1, None),
+    "publish-location-int": lambda s, save: s.publish(1, 1, 1),
+    "publish-location-bytes": lambda s, save: s.publish(1, 1, save.encode()),
+    "prune-keep-str": lambda s, save: s.prune("2"),
+    "prune-keep-true": lambda s, save: s.prune(True),
+    "prune-keep-none": lambda s, save: s.prune(None),
+    "prune-dry-run-str": lambda s, save: s.prune(1, dry_run="yes"),
+    "location-none": lambda s, save: s.location(None),
+    "location-str": lambda s, save: s.location("exec/a/ck-1"),
+    "exec-dir-int": lambda s, save: s.exec_dir(3),
+    "exec-dir-none": lambda s, save: s.exec_dir(None),
+    "folders-none": lambda s, save: s.folders(None),
+    "folders-bytes": lambda s, save: s.folders(save.encode()),
+    "read-file-location-none": lambda s, save: s.read_file(None, "trainer_state.json"),
+    "read-file-name-none": lambda s, save: s.read_file(save, None),
+    "read-file-name-bytes": lambda s, save: s.read_file(save, b"trainer_state.json"),
+    "exists-location-int": lambda s, save: s.exists(3, ".metadata"),
+    "exists-name-none": lambda s, save: s.exists(save, None),
+    "files-none": lambda s, save: s.files(None),
+    "sync-save-none": lambda s, save: s.sync_save(None),
+    "resolve-verified-framework-str": lambda s, save: resolve_verified(s, "hf"),
+    "resolve-verified-framework-none": lambda s, save: resolve_verified(s, None),
+}
+
+
+class TestWrongTypes:
+    @pytest.mark.parametrize("call", sorted(WRONG_TYPED_STORE_CALLS))
+    def test_every_store_method_refuses_a_wrong_type_alike(self, harness: Harness, call: str) -> None:
+        """A wrong-typed argument is InvalidTypeError (an InvalidError and a TypeError) on every store."""
+        store = harness.store()
+        save = harness.make_save(f"{EXEC_A}/checkpoint-1", {"trainer_state.json": b"{}"})
+        store.publish(1, 1, save)
+        with pytest.raises(InvalidTypeError) as caught:
+            WRONG_TYPED_STORE_CALLS[call](store, save)
+        assert isinstance(caught.value, TypeError)
+        assert isinstance(caught.value, CkptError)
+        assert [e.step for e in store.entries()] == [1]
+
+
+ENTRY = Entry(1, 1, "exec/a/ck-1")
+
+# ckpt's top-level functions (and the Entry value), called with a wrong-typed argument.
+WRONG_TYPED_API_CALLS: dict[str, Callable[[], object]] = {
+    "entry-epoch-str": lambda: ckpt.Entry("1", 1, "exec/a/ck-1"),
+    "entry-step-true": lambda: ckpt.Entry(1, True, "exec/a/ck-1"),
+    "entry-save-none": lambda: ckpt.Entry(1, 1, None),  # type: ignore[arg-type]
+    "format-entry-name-none": lambda: ckpt.format_entry_name(None),  # type: ignore[arg-type]
+    "format-entry-name-tuple": lambda: ckpt.format_entry_name((1, 1, "exec/a")),  # type: ignore[arg-type]
+    "parse-entry-name-none": lambda: ckpt.parse_entry_name(None),  # type: ignore[arg-type]
+    "parse-entry-name-bytes": lambda: ckpt.parse_entry_name(b"x"),  # type: ignore[arg-type]
+    "parse-epoch-int": lambda: ckpt.parse_epoch(1),  # type: ignore[arg-type]
+    "parse-step-none": lambda: ckpt.parse_step(None),  # type: ignore[arg-type]
+    "parse-framework-none": lambda: ckpt.parse_framework(None),
+    "validate-save-none": lambda: ckpt.validate_save(None),  # type: ignore[arg-type]
+    "validate-attempt-int": lambda: ckpt.validate_attempt(3),  # type: ignore[arg-type]
+    "latest-none": lambda: ckpt.latest(None),  # type: ignore[arg-type]
+    "latest-of-strings": lambda: ckpt.latest(["exec/a"]),  # type: ignore[list-item]
+    "overlaps-folder-none": lambda: ckpt.overlaps(None, [ENTRY]),  # type: ignore[arg-type]
+    "overlaps-entries-none": lambda: ckpt.overlaps("exec/a", None),  # type: ignore[arg-type]
+    "overlaps-entries-of-strings": lambda: ckpt.overlaps("exec/a", ["exec/a"]),  # type: ignore[list-item]
+    "plan-prune-keep-str": lambda: ckpt.plan_prune([ENTRY], "2"),  # type: ignore[arg-type]
+    "plan-prune-entries-none": lambda: ckpt.plan_prune(None, 1),  # type: ignore[arg-type]
+    "plan-prune-entries-of-ints": lambda: ckpt.plan_prune([1], 1),  # type: ignore[list-item]
+    "open-store-none": lambda: ckpt.open_store(None),  # type: ignore[arg-type]
+    "open-store-path-object": lambda: ckpt.open_store(__import__("pathlib").Path("/")),  # type: ignore[arg-type]
+    "open-store-config-str": lambda: ckpt.open_store("/", config="ckpt.toml"),  # type: ignore[arg-type]
+    "open-store-environ-list": lambda: ckpt.open_store("/", environ=[]),  # type: ignore[arg-type]
+    "resolve-verified-store-none": lambda: ckpt.resolve_verified(None, ckpt.parse_framework("hf")),
+    "in-memory-store-name-int": lambda: __import__("ckpt.testing").testing.InMemoryStore(3),
+}
+
+
+class TestWrongTypesThroughTheApi:
+    @pytest.mark.parametrize("call", sorted(WRONG_TYPED_API_CALLS))
+    def test_every_top_level_function_refuses_a_wrong_type(self, call: str) -> None:
+        """A wrong-typed argument to ckpt's functions is InvalidTypeError, never AttributeError."""
+        with pytest.raises(InvalidTypeError) as caught:
+            WRONG_TYPED_API_CALLS[call]()
+        assert isinstance(caught.value, TypeError)

@@ -123,6 +123,18 @@ class RecordingStore:
         return sync_save
 
 
+class _WithoutSync:
+    """The in-memory fake with its sync_save hidden, as an embedder's store that has none."""
+
+    def __init__(self, inner: InMemoryStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "sync_save":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
 def watcher(store: WatchStore, framework: Framework = HF, **kwargs: Any) -> Watcher:
     kwargs.setdefault("settle", 0)
     saves = kwargs.pop("saves", store.exec_dir(ATTEMPT))
@@ -390,8 +402,8 @@ class TestSync:
         ]
 
     def test_stores_without_sync_save_just_publish(self) -> None:
-        """A store without sync_save (the in-memory fake, S3) is published to directly."""
-        store = RecordingStore(InMemoryStore())
+        """A store without sync_save (an embedder's own; ours all have one) is published to directly."""
+        store = RecordingStore(_WithoutSync(InMemoryStore()))  # type: ignore[arg-type]
         store.inner.write_file(f"{store.exec_dir(ATTEMPT)}/checkpoint-3", "trainer_state.json", STATE)  # type: ignore[attr-defined]
         assert not hasattr(store, "sync_save")
         assert steps(watcher(store).scan()) == [3]
@@ -462,20 +474,20 @@ class TestWatch:
         stop.set()
         thread.join(5)
         assert steps(outcome["created"]) == [9]
-        assert 0.35 <= outcome["ended_at"] - stopped_at < 1.5  # settle counts from its first look
+        assert 0.35 <= outcome["ended_at"] - stopped_at < 4  # settle counts from its first look
 
     def test_stop_without_pending_saves_returns_at_once(self, tmp_path: Path) -> None:
         """With nothing waiting to settle, a stopped watch returns without waiting for the settle time."""
         store = PosixStore(str(tmp_path))
         (tmp_path / EXEC / "checkpoint-1").mkdir(parents=True)  # no markers: not settling
         stop = threading.Event()
-        thread, outcome = run_watch(watcher(store, interval=0.05, settle=5), stop)
+        thread, outcome = run_watch(watcher(store, interval=0.05, settle=60), stop)
         time.sleep(0.1)
         stopped_at = time.monotonic()
         stop.set()
-        thread.join(5)
+        thread.join(30)
         assert outcome["created"] == []
-        assert outcome["ended_at"] - stopped_at < 1
+        assert outcome["ended_at"] - stopped_at < 15  # far below the settle time, even on a loaded machine
 
     def test_drain_is_bounded_by_the_settle_time(self, tmp_path: Path) -> None:
         """A save that keeps changing is not published, and the drain still ends after the settle time."""
@@ -503,7 +515,7 @@ class TestWatch:
             keep_writing.clear()
             writer.join()
         assert created == []
-        assert 0.3 <= time.monotonic() - started < 1.5
+        assert 0.3 <= time.monotonic() - started < 4
 
     def test_drain_publishes_a_save_a_slow_scan_looked_at_early(self, tmp_path: Path) -> None:
         """A settled save whose look ended past the drain deadline is looked at again, not dropped."""
@@ -560,9 +572,9 @@ class TestWatch:
         stop = threading.Event()
         stop.set()
         started = time.monotonic()
-        w = watcher(PosixStore(str(tmp_path)), interval=0.05, settle=5, world_size=2)
+        w = watcher(PosixStore(str(tmp_path)), interval=0.05, settle=60, world_size=2)
         assert w.watch(stop) == []
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 15  # far below the settle time, even on a loaded machine
 
     def test_dcp_drain_is_bounded_by_the_settle_time(self, tmp_path: Path) -> None:
         """A dcp save whose .metadata never comes ends the drain after the settle time, unpublished."""
@@ -572,7 +584,7 @@ class TestWatch:
         started = time.monotonic()
         created = watcher(PosixStore(str(tmp_path)), DCP, interval=0.05, settle=0.3).watch(stop)
         assert created == []
-        assert 0.3 <= time.monotonic() - started < 1.5
+        assert 0.3 <= time.monotonic() - started < 4
 
     def test_once_with_dcp_is_one_scan(self, harness: Harness) -> None:
         """With settle 0, a stopped watch is exactly one scan."""
@@ -642,7 +654,7 @@ class TestScanTimeout:
         started = time.monotonic()
         with pytest.raises(ScanTimeoutError, match=r"took longer than 0\.3s"):
             w.watch(threading.Event())
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 5  # the server never answers: only the 0.3 s bound ends it
         stuck = [t for t in threading.enumerate() if t.name == "ckpt-watcher-scan"]
         assert stuck
         assert all(t.daemon for t in stuck)
@@ -663,7 +675,7 @@ class TestScanTimeout:
         started = time.monotonic()
         with pytest.raises(ScanTimeoutError):
             w.watch(stop)
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < 10  # botocore alone would wait its 30 s read timeout
 
     def test_a_slow_but_answering_store_is_fine(self) -> None:
         """Scans that finish within the timeout do not trip it."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import PINS_DIR_NAME, Entry
 from ckpt.domain.errors import MalformedError, NotFoundError
 from ckpt.domain.names import format_entry_name, parse_entry_names
@@ -72,7 +73,7 @@ def pinned_entries(log: PinLog) -> list[Entry]:
 
 def pin_entry(log: PinLog, entry: Entry) -> bool:
     """Pin ``entry`` (rules 1, 2); return True when this call created the pin, False when it was pinned."""
-    name = format_entry_name(entry)
+    name = format_entry_name(require_instance(entry, Entry, "entry"))
     if entry not in set(log.entries()):
         raise NotFoundError(
             f"cannot pin epoch {entry.epoch} step {entry.step} save {entry.save}: no such entry is published",
@@ -92,7 +93,7 @@ def pin_entry(log: PinLog, entry: Entry) -> bool:
 
 def unpin_entry(log: PinLog, entry: Entry) -> bool:
     """Unpin ``entry`` (rule 3); return True when a pin was there."""
-    name = format_entry_name(entry)
+    name = format_entry_name(require_instance(entry, Entry, "entry"))
     there = name in set(log.pin_names())
     log.remove_pins([name])
     return there

@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from ckpt.domain.arguments import require_instance, require_str
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.redaction import redact_url
 
@@ -27,7 +28,14 @@ def open_store(
     ``config`` carries the S3 client settings, the proxy table and the credential chain; ``environ``
     (default ``os.environ``) is where the proxy variables and the env credential source are read.
     """
-    if not isinstance(root, str) or not root:
+    require_str(root, "root")
+    if environ is not None:
+        require_instance(environ, Mapping, "environ")
+    if config is not None:
+        from ckpt.config import Config
+
+        require_instance(config, Config, "config")
+    if not root:
         raise InvalidError(f"root {root!r} must be an absolute path or an s3:// URL")
     if root.startswith("s3://"):
         from ckpt.adapters.s3 import open_s3_store

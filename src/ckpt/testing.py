@@ -21,12 +21,14 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from ckpt.domain.arguments import require_bool, require_instance, require_int, require_str
 from ckpt.domain.entries import Entry, exec_save_prefix, validate_save
-from ckpt.domain.errors import CredentialsError, ExistsError, InvalidError, MalformedError, NotFoundError
+from ckpt.domain.errors import CredentialsError, ExistsError, InvalidError, MalformedError
 from ckpt.domain.names import format_entry_name, latest_entry_name, parse_entry_names
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
 from ckpt.domain.prune import Overlap
 from ckpt.domain.retention import SKIP_PINNED, SKIP_PUBLISHED, plan_retention
+from ckpt.domain.saves import MAX_READ_BYTES, SaveKind, check_save_kind, too_large, validate_file_name
 from ckpt.pins import pin_entry, pinned_entries, unpin_entry
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ class InMemoryStore:
     """A checkpoint root held in memory. Locations look like ``memory://<name>/<save>``."""
 
     def __init__(self, name: str = "root") -> None:
-        if not name or "/" in name:
+        if not require_str(name, "in-memory root name") or "/" in name:
             raise InvalidError(f"in-memory root name {name!r} must be one non-empty path element")
         self._root = f"memory://{name}"
         self._lock = threading.RLock()
@@ -62,11 +64,25 @@ class InMemoryStore:
     # -- building trees in tests -----------------------------------------------------------------------
 
     def _rel(self, location: str) -> str:
+        """Return the save path of ``location``; ``InvalidError`` unless it is a clean path under the root.
+
+        One trailing ``/`` is allowed, as on the real stores.
+        """
+        require_str(location, "save location")
         prefix = self._root + "/"
-        candidate = location.rstrip("/") if location != prefix else location
+        candidate = location[:-1] if location.endswith("/") else location
         if not candidate.startswith(prefix):
             raise InvalidError(f"save location {location!r} is not under the root {self._root}")
-        return candidate[len(prefix) :]
+        try:
+            return validate_save(candidate[len(prefix) :])
+        except InvalidError as exc:
+            raise InvalidError(f"save location {location!r}: {exc}") from None
+
+    def _place(self, location: str) -> str:
+        """Return ``""`` for the root itself (with or without a trailing ``/``), else :meth:`_rel`."""
+        if isinstance(location, str) and location.rstrip("/") == self._root:
+            return ""
+        return self._rel(location)
 
     def make_dir(self, location: str) -> None:
         """Create a folder (and its parents) at ``location``."""
@@ -106,7 +122,7 @@ class InMemoryStore:
 
     def location(self, entry: Entry) -> str:
         """Return ``memory://<name>/<save>``."""
-        return f"{self._root}/{entry.save}"
+        return f"{self._root}/{require_instance(entry, Entry, 'entry').save}"
 
     def exec_dir(self, attempt: str) -> str:
         """Return ``memory://<name>/exec/<attempt>``."""
@@ -114,15 +130,18 @@ class InMemoryStore:
 
     def publish(self, epoch: int, step: int, save_location: str) -> Entry:
         """Publish the save at ``save_location`` exclusively."""
-        try:
-            save = validate_save(self._rel(save_location))
-        except InvalidError as exc:
-            raise InvalidError(f"save location {save_location!r}: {exc}") from None
-        entry = Entry(epoch, step, save)
+        entry = Entry(require_int(epoch, "epoch"), require_int(step, "step"), self._rel(save_location))
+        save = entry.save
         name = format_entry_name(entry)
         with self._lock:
-            if save not in self._dirs:
-                raise NotFoundError(f"save {save_location} does not exist", location=save_location)
+            kind = (
+                SaveKind.FOLDER
+                if save in self._dirs
+                else SaveKind.FILE
+                if save in self._files
+                else SaveKind.MISSING
+            )
+            check_save_kind(kind, self.location(entry))
             if name in self._pub or name in self._pub_dirs:
                 raise ExistsError(f"already published: epoch {epoch} step {step} save {save}", entry=entry)
             self._pub[name] = b""
@@ -198,6 +217,10 @@ class InMemoryStore:
 
     def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
         """Remove the entries no retention tier keeps, then the folders only they named; pins protect."""
+        require_int(keep, "keep")
+        if keep_every is not None:
+            require_int(keep_every, "keep_every")
+        require_bool(dry_run, "dry_run")
         retention = plan_retention(self.entries(), keep, keep_every=keep_every, pinned=pinned_entries(self))
         plan = retention.prune_plan
         folders = tuple(f"{self._root}/{f}" for f in plan.folders)
@@ -230,21 +253,37 @@ class InMemoryStore:
     # -- the WatchStore port ---------------------------------------------------------------------------
 
     def folders(self, location: str) -> list[Folder]:
-        """Return the folders directly inside ``location``."""
-        rel = self._rel(location)
-        inside = rel + "/"
+        """Return the folders directly inside ``location`` (the root, or a location under it)."""
+        rel = self._place(location)
+        inside = rel + "/" if rel else ""
+        base = f"{self._root}/{inside}"
         with self._lock:
             names = sorted(d[len(inside) :] for d in self._dirs if d.startswith(inside))
-        return [Folder(n, f"{self._root}/{rel}/{n}") for n in names if "/" not in n]
+            if not rel and self._pub_dirs | self._pub.keys():
+                names.append("pub")  # pub/ is a folder of the root as soon as it holds a name
+        return [Folder(n, base + n) for n in names if "/" not in n]
+
+    def _file_key(self, save_location: str, name: str) -> str:
+        return f"{self._rel(save_location)}/{validate_file_name(name)}"
 
     def read_file(self, save_location: str, name: str) -> bytes | None:
-        """Return the content of ``name`` inside the save, or ``None``."""
+        """Return the content of ``name`` inside the save, or ``None``; at most 64 MiB."""
+        key = self._file_key(save_location, name)
         with self._lock:
-            return self._files.get(f"{self._rel(save_location)}/{name}")
+            data = self._files.get(key)
+        if data is not None and len(data) > MAX_READ_BYTES:
+            raise too_large(f"{self._root}/{key}", len(data))
+        return data
 
     def exists(self, save_location: str, name: str) -> bool:
-        """Return True when ``name`` exists inside the save."""
-        return self.read_file(save_location, name) is not None
+        """Return True when file ``name`` exists inside the save."""
+        key = self._file_key(save_location, name)
+        with self._lock:
+            return key in self._files
+
+    def sync_save(self, save_location: str) -> None:
+        """Check the location; memory needs no sync (the WatchStore port)."""
+        self._rel(save_location)
 
     def files(self, save_location: str) -> list[FileInfo]:
         """Return every file inside the save with its size, sorted by path."""

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import Entry
 from ckpt.domain.frameworks import (
     INCOMPLETE_SENTINEL,
@@ -33,7 +34,7 @@ from ckpt.domain.frameworks import (
     rank_files,
     save_step,
 )
-from ckpt.domain.ports import FileInfo, WatchStore
+from ckpt.domain.ports import FileInfo, SaveReader, Store, WatchStore
 
 __all__ = ["MISSING_FOLDER", "Verified", "read_markers", "read_rank_states", "resolve_verified"]
 
@@ -66,6 +67,8 @@ def read_markers(
     an ``hf`` save whose other markers pass also has its ranks' files read (:func:`read_rank_states`;
     ``files`` is a listing of the save the caller already has).
     """
+    require_instance(store, SaveReader, "store")
+    require_instance(framework, Framework, "framework")
     if framework is Framework.DCP:
         return Markers(metadata=store.exists(location, METADATA))
     state = store.read_file(location, TRAINER_STATE)
@@ -138,6 +141,10 @@ def resolve_verified(store: WatchStore, framework: Framework, *, world_size: int
     passed over come back in ``skipped`` with their reasons, for the caller to report
     (``ckpt: skipped <location>: <reason>``).
     """
+    # A store needs no sync_save to be verified: check only what this reads.
+    require_instance(store, Store, "store")
+    require_instance(store, SaveReader, "store")
+    require_instance(framework, Framework, "framework")
     newest = store.resolve()
     if newest is None:
         return Verified(None, ())

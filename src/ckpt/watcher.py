@@ -38,7 +38,7 @@ from collections.abc import Callable
 import attrs
 
 from ckpt.domain.entries import MAX_U64, Entry
-from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, ScanTimeoutError
+from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
 from ckpt.domain.frameworks import (
     Framework,
     Listing,
@@ -220,7 +220,7 @@ class Watcher:
             entry = self.store.publish(self.epoch, step, location)
         except ExistsError:
             return True
-        except NotFoundError:
+        except (NotFoundError, SaveNotFoundError):
             # Deleted between the check and now (e.g. the Trainer's save_total_limit). If the root itself
             # is gone, the next listing says so and ends the watch.
             _log.warning("save vanished before it could be published: %s", location)

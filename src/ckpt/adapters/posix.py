@@ -22,6 +22,14 @@ Rules this adapter keeps:
    releases it even when ``close`` reports an error, so such errors are ignored. A failed ``close`` of a file
    we wrote is an error.
 7. Every ``OSError`` becomes a ``StorageError`` (or ``NotFoundError``) naming the path and the reason.
+8. The root is taken as the kernel resolves it: an absolute path with no ``.`` or ``..`` element (refused,
+   never normalised as text, which would name another folder when an element before ``..`` is a link).
+9. What the watcher reads (``read_file``, ``exists``, ``folders``) is reached from the root by opening every
+   path element with ``O_NOFOLLOW|O_DIRECTORY``, as prune does: never through a link, never outside the
+   root. Only a regular file is a file (``ckpt.domain.saves``); it is ``lstat``-ed before it is opened, so a
+   FIFO or a device is never opened, and read up to the cap. Only "no such file" (``ENOENT``, ``ENOTDIR``
+   where an element is a file) and "is a link" (``ELOOP`` under ``O_NOFOLLOW``) mean absent; any other
+   error is a ``StorageError``.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, NoReturn
 
 from ckpt.adapters.posix_pins import PosixPins
+from ckpt.domain.arguments import require_bool, require_instance, require_int, require_str
 from ckpt.domain.entries import PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
 from ckpt.domain.errors import (
     ExistsError,
@@ -48,6 +57,7 @@ from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
 from ckpt.domain.prune import Overlap
 from ckpt.domain.redaction import redact_url
 from ckpt.domain.retention import SKIP_PINNED, SKIP_PUBLISHED, plan_retention
+from ckpt.domain.saves import MAX_READ_BYTES, SaveKind, check_save_kind, too_large, validate_file_name
 from ckpt.pins import pin_entry, pinned_entries, unpin_entry
 
 if TYPE_CHECKING:
@@ -141,13 +151,18 @@ class PosixStore:
     __slots__ = ("_pins", "_pub", "_root", "_sys")
 
     def __init__(self, root: str, *, syscalls: Syscalls | None = None) -> None:
-        if not isinstance(root, str) or not root.startswith("/"):
+        if not require_str(root, "root").startswith("/"):
             raise InvalidError(f"root {root!r} is not an absolute path")
         if "\x00" in root:
             raise InvalidError(f"root {root!r} contains NUL")
-        normalized = os.path.normpath(root)
-        if normalized.startswith("//"):
-            normalized = "/" + normalized.lstrip("/")
+        elements = [element for element in root.split("/") if element]
+        if "." in elements or ".." in elements:
+            # Rule 8: "/a/link/../root" is not "/a/root" when link is a symbolic link.
+            raise InvalidError(
+                f"root {root!r} has a '.' or '..' path element: give the folder's own path, as the kernel "
+                "would resolve it differently from the text"
+            )
+        normalized = "/" + "/".join(elements)  # only repeated and trailing slashes go: they change nothing
         self._root = normalized
         self._pub = os.path.join(normalized, PUB_DIR_NAME)
         self._sys = syscalls if syscalls is not None else Syscalls()
@@ -165,7 +180,7 @@ class PosixStore:
 
     def location(self, entry: Entry) -> str:
         """Return the absolute path of the save ``entry`` names."""
-        return self._path(entry.save)
+        return self._path(require_instance(entry, Entry, "entry").save)
 
     def exec_dir(self, attempt: str) -> str:
         """Return ``<root>/exec/<attempt>``."""
@@ -179,8 +194,8 @@ class PosixStore:
 
         The location must be lexically under the root and clean; one trailing ``/`` is allowed.
         """
-        if not isinstance(location, str) or not location.startswith("/"):
-            shown = redact_url(location, keep_user=False) if isinstance(location, str) else location
+        shown = redact_url(require_str(location, "save location"), keep_user=False)
+        if not location.startswith("/"):
             raise InvalidError(f"save location {shown!r} is not an absolute path")
         prefix = self._root.rstrip("/") + "/"
         candidate = location[:-1] if location.endswith("/") and location != "/" else location
@@ -274,7 +289,7 @@ class PosixStore:
 
     def publish(self, epoch: int, step: int, save_location: str) -> Entry:
         """Publish the save directory at ``save_location`` (see the Store port)."""
-        entry = Entry(epoch, step, self.save_of(save_location))
+        entry = Entry(require_int(epoch, "epoch"), require_int(step, "step"), self.save_of(save_location))
         name = format_entry_name(entry)
         save_path = self._path(entry.save)
         try:
@@ -282,11 +297,20 @@ class PosixStore:
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
                 raise _storage_error("inspect the save", save_path, exc) from exc
-            raise self._root_error() or NotFoundError(
-                f"save {save_path} does not exist", location=save_path
-            ) from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise InvalidError(f"save {save_path} is not a directory")
+            root_error = self._root_error()
+            if root_error is not None:
+                raise root_error from None
+            kind = SaveKind.MISSING
+        else:
+            mode = st.st_mode
+            kind = (
+                SaveKind.FOLDER
+                if stat.S_ISDIR(mode)
+                else SaveKind.FILE
+                if stat.S_ISREG(mode)
+                else SaveKind.OTHER
+            )
+        check_save_kind(kind, save_path)
         pub_fd = self._open_pub(create=True)
         assert pub_fd is not None  # create=True never answers "missing"
         path = self._pub + "/" + name
@@ -477,6 +501,10 @@ class PosixStore:
         but did not remove (it failed, or was killed) are removed too, unless an entry or a pin needs them
         now: see docs/adr/0004-prune-safety.md.
         """
+        require_int(keep, "keep")
+        if keep_every is not None:
+            require_int(keep_every, "keep_every")
+        require_bool(dry_run, "dry_run")
         entries = self.entries()
         pins = pinned_entries(self)
         retention = plan_retention(entries, keep, keep_every=keep_every, pinned=pins)
@@ -775,42 +803,95 @@ class PosixStore:
 
     # -- what the watcher needs ------------------------------------------------------------------------
 
-    def folders(self, location: str) -> list[Folder]:
-        """Return the folders directly inside ``location`` (a location under the root)."""
-        base = location.rstrip("/") or "/"
+    def _place(self, location: str) -> str:
+        """Return ``""`` for the root itself (trailing ``/`` allowed), else the save path of ``location``."""
+        if isinstance(location, str) and location.rstrip("/") == self._root.rstrip("/"):
+            return ""
+        return self.save_of(location)
+
+    def _open_inside(self, elements: list[str], where: str) -> int | None:
+        """Open ``<root>/<elements...>`` as a folder, every element with ``O_NOFOLLOW`` (rule 9).
+
+        Returns ``None`` when an element is missing, a file or a link; ``NotFoundError`` when the root is
+        missing, ``StorageError`` for any other failure, naming ``where``.
+        """
         try:
-            with self._sys.scandir(base) as it:
-                return [
-                    Folder(d.name, os.path.join(base, d.name)) for d in it if d.is_dir(follow_symlinks=False)
-                ]
-        except FileNotFoundError:
-            error = self._root_error()
-            if error is not None:
-                raise error from None
+            fd = self._sys.open(self._root, _DIR_FLAGS)
+        except OSError as exc:
+            raise self._root_error() or _storage_error("open the root", self._root, exc) from None
+        for element in elements:
+            try:
+                child = self._sys.open(element, _NOFOLLOW_DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                self._close_quietly(fd)
+                if exc.errno in _ABSENT:
+                    return None
+                raise _storage_error("open", where, exc) from exc
+            self._close_quietly(fd)
+            fd = child
+        return fd
+
+    def folders(self, location: str) -> list[Folder]:
+        """Return the folders directly inside ``location`` (the root, or a location under it; rule 9)."""
+        rel = self._place(location)
+        base = self._path(rel) if rel else self._root
+        fd = self._open_inside(rel.split("/") if rel else [], base)
+        if fd is None:
             return []
-        except NotADirectoryError:
-            return []
+        prefix = base.rstrip("/") + "/"
+        try:
+            with self._sys.scandir(fd) as it:
+                return [Folder(d.name, prefix + d.name) for d in it if d.is_dir(follow_symlinks=False)]
         except OSError as exc:
             raise _storage_error("list", base, exc) from exc
+        finally:
+            self._close_quietly(fd)
+
+    def _open_file(self, save_location: str, name: str) -> tuple[int, str] | None:
+        """Open the regular file ``name`` inside the save to read it (rule 9); ``None`` when there is none."""
+        save = self.save_of(save_location)
+        *folders, last = f"{save}/{validate_file_name(name)}".split("/")
+        path = self._path(f"{save}/{name}")
+        parent = self._open_inside(folders, path)
+        if parent is None:
+            return None
+        try:
+            try:
+                if not stat.S_ISREG(self._sys.lstat(last, dir_fd=parent).st_mode):
+                    return None  # a folder, a link, a FIFO, a device: not a file (never opened)
+                fd = self._sys.open(last, _READ_FLAGS, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno in _ABSENT:
+                    return None
+                raise _storage_error("read", path, exc) from exc
+        finally:
+            self._close_quietly(parent)
+        return fd, path
 
     def read_file(self, save_location: str, name: str) -> bytes | None:
-        """Return the content of ``name`` inside the save, or ``None`` when it is missing.
+        """Return the content of the regular file ``name`` inside the save, or ``None`` when there is none.
 
-        Opened without waiting (a FIFO reads as empty rather than blocking the watcher).
+        Never through a link, never a FIFO or a device (rule 9); at most 64 MiB, else ``StorageError``.
         """
-        path = os.path.join(save_location, name)
-        try:
-            fd = self._sys.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        opened = self._open_file(save_location, name)
+        if opened is None:
             return None
-        except OSError as exc:
-            raise _storage_error("read", path, exc) from exc
+        fd, path = opened
         chunks = []
+        total = 0
         try:
-            while chunk := self._sys.read(fd, 1 << 16):
+            st = self._sys.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None  # swapped for something else between the lstat and the open
+            if st.st_size > MAX_READ_BYTES:
+                raise too_large(path, st.st_size)
+            while chunk := self._sys.read(fd, min(1 << 20, MAX_READ_BYTES + 1 - total)):
                 chunks.append(chunk)
-        except IsADirectoryError:
-            return None
+                total += len(chunk)
+                if total > MAX_READ_BYTES:  # it grew while we read
+                    raise too_large(path)
+        except StorageError:
+            raise  # ours already (too large): an OSError too, so it must not be wrapped again
         except OSError as exc:
             raise _storage_error("read", path, exc) from exc
         finally:
@@ -818,12 +899,22 @@ class PosixStore:
         return b"".join(chunks)
 
     def exists(self, save_location: str, name: str) -> bool:
-        """Return True when ``name`` exists inside the save (a link counts, whatever it points to)."""
-        try:
-            self._sys.lstat(os.path.join(save_location, name))
-        except (OSError, ValueError):
+        """Return True when ``name`` is a regular file inside the save (rule 9: a link or a folder is not)."""
+        save = self.save_of(save_location)
+        *folders, last = f"{save}/{validate_file_name(name)}".split("/")
+        path = self._path(f"{save}/{name}")
+        parent = self._open_inside(folders, path)
+        if parent is None:
             return False
-        return True
+        try:
+            mode = self._sys.lstat(last, dir_fd=parent).st_mode
+        except OSError as exc:
+            if exc.errno in _ABSENT:
+                return False
+            raise _storage_error("check", path, exc) from exc
+        finally:
+            self._close_quietly(parent)
+        return stat.S_ISREG(mode)
 
     def _walk(self, top: str) -> list[tuple[str, list[os.DirEntry[str]]]]:
         """List the tree at ``top``: (folder, its entries that are not folders), every folder after its own.
@@ -857,7 +948,7 @@ class PosixStore:
         A link is listed with its own size; nothing is ever read through it.
         """
         out: list[FileInfo] = []
-        base = save_location.rstrip("/")
+        base = self._path(self.save_of(save_location))
         try:
             for dirpath, others in self._walk(base):
                 rel = dirpath[len(base) + 1 :]
@@ -879,11 +970,16 @@ class PosixStore:
         """fsync every regular file and folder of a save, deepest first, so its content outlives a power loss.
 
         The watcher calls this before publishing: frameworks rename files into place without syncing. Links,
-        FIFOs, sockets and devices are neither opened nor followed.
+        FIFOs, sockets and devices are neither opened nor followed. A save that is not there is left to
+        publish to report.
         """
-        base = save_location.rstrip("/")
+        base = self._path(self.save_of(save_location))
         try:
-            for dirpath, others in self._walk(base):
+            try:
+                walked = self._walk(base)
+            except FileNotFoundError:
+                return
+            for dirpath, others in walked:
                 for d in others:
                     if not d.is_file(follow_symlinks=False):
                         continue
@@ -899,6 +995,9 @@ class PosixStore:
         except OSError as exc:
             raise _storage_error("sync the save", base, exc) from exc
 
+
+# What an O_NOFOLLOW walk reads as "nothing there": no such name, an element that is a file, a link.
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 
 _MOUNT_POINT = "a mount point of another file system (prune never removes files on one)"
 

@@ -5,7 +5,8 @@ the bucket). The layout is the POSIX one: ``exec/<attempt>/...`` for saves, ``pu
 
 Rules this adapter keeps:
 
-1. Publish is two requests: one ``ListObjectsV2`` (``MaxKeys=1``) under ``<save>/`` proves the save exists,
+1. Publish is two requests: one ``ListObjectsV2`` (``MaxKeys=1``) under ``<save>/`` proves the save exists
+   (when it finds nothing, one ``HeadObject`` of ``<save>`` tells a file, which is not a save, from nothing),
    then ``PutObject`` of an empty body with ``If-None-Match: *`` creates the entry exclusively. ``412
    PreconditionFailed`` means the entry exists: ``ExistsError``. ``409 ConditionalRequestConflict`` (a
    concurrent conditional write to the same key) is retried a bounded number of times. A ``PutObject`` that
@@ -37,6 +38,9 @@ Rules this adapter keeps:
    5xx, throttling, a dropped connection, a read timeout, an answer cut short. The one answer botocore cannot
    retry is a ``GetObject`` body, read after the call has returned, so ``read_file`` sends the request again
    itself when the body breaks off (``_BODY_ATTEMPTS`` in all).
+7. A file inside a save is the object at exactly its key (``ckpt.domain.saves``): objects under ``name/``
+   make a folder, not the file ``name``. ``read_file`` reads at most 64 MiB: the size S3 announces is
+   checked before the body is read, and the body is read no further than one byte past the cap.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from ckpt.adapters.proxy import ProxyRoutes
+from ckpt.domain.arguments import require_bool, require_instance, require_int, require_str
 from ckpt.domain.entries import PINS_DIR_NAME, PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
 from ckpt.domain.errors import (
     CkptError,
@@ -69,6 +74,7 @@ from ckpt.domain.proxy import ProxyRule, is_cgi
 from ckpt.domain.prune import Overlap
 from ckpt.domain.redaction import redact_url
 from ckpt.domain.retention import SKIP_PINNED, SKIP_PUBLISHED, plan_retention
+from ckpt.domain.saves import MAX_READ_BYTES, SaveKind, check_save_kind, too_large, validate_file_name
 from ckpt.pins import pin_entry, pinned_entries, unpin_entry
 
 if TYPE_CHECKING:
@@ -472,7 +478,7 @@ class S3Store:
 
     def location(self, entry: Entry) -> str:
         """Return ``s3://bucket/prefix/<save>``."""
-        return self._url(self._key(entry.save))
+        return self._url(self._key(require_instance(entry, Entry, "entry").save))
 
     def exec_dir(self, attempt: str) -> str:
         """Return ``s3://bucket/prefix/exec/<attempt>``."""
@@ -483,8 +489,8 @@ class S3Store:
 
         One trailing ``/`` is allowed. A location elsewhere, or naming an invalid save, is ``InvalidError``.
         """
-        shown = redact_url(location, keep_user=False) if isinstance(location, str) else location
-        if not isinstance(location, str) or not location.startswith("s3://"):
+        shown = redact_url(require_str(location, "save location"), keep_user=False)
+        if not location.startswith("s3://"):
             raise InvalidError(f"save location {shown!r} is not an s3:// URL under the root {self.root}")
         candidate = location[:-1] if location.endswith("/") else location
         base = self.root + "/"
@@ -497,7 +503,7 @@ class S3Store:
 
     def _folder_prefix(self, location: str) -> str:
         """Return the key prefix (ending in ``/``, or the root's own prefix) of a location under the root."""
-        if location.rstrip("/") == self.root:
+        if isinstance(location, str) and location.rstrip("/") == self.root:
             return self._root.prefix
         return self._key(self.save_of(location)) + "/"
 
@@ -586,11 +592,11 @@ class S3Store:
 
     def publish(self, epoch: int, step: int, save_location: str) -> Entry:
         """Publish the save at ``save_location`` (see the Store port): two requests on the normal path."""
-        entry = Entry(epoch, step, self.save_of(save_location))
+        entry = Entry(require_int(epoch, "epoch"), require_int(step, "step"), self.save_of(save_location))
         name = format_entry_name(entry)  # InvalidError for a save too long, before any request
-        save_url = self.location(entry)
         if not self._any_object_under(self._key(entry.save) + "/", action="check the save"):
-            raise NotFoundError(f"save {save_url} does not exist (no object under it)", location=save_url)
+            is_file = self._object_exists(self._key(entry.save), action="check the save")
+            check_save_kind(SaveKind.FILE if is_file else SaveKind.MISSING, self.location(entry))
         key = self._pub_prefix() + name
         outcome = self._create_exclusive(key, action="publish")
         if outcome == "exists":
@@ -705,6 +711,10 @@ class S3Store:
         Pinned entries are kept, and every folder a pin names; pins are read again after the removals and
         an entry pinned meanwhile is put back (``ckpt.pins``).
         """
+        require_int(keep, "keep")
+        if keep_every is not None:
+            require_int(keep_every, "keep_every")
+        require_bool(dry_run, "dry_run")
         retention = plan_retention(self.entries(), keep, keep_every=keep_every, pinned=pinned_entries(self))
         plan = retention.prune_plan
         folders = [(folder, self._url(self._key(folder))) for folder in plan.folders]
@@ -776,9 +786,9 @@ class S3Store:
     def read_file(self, save_location: str, name: str) -> bytes | None:
         """Return the content of ``name`` inside the save, or ``None`` when there is no such object.
 
-        A body that breaks off mid-stream is asked for again (module rule 6).
+        A body that breaks off mid-stream is asked for again (module rule 6); at most 64 MiB (rule 7).
         """
-        key = self._key(self.save_of(save_location)) + "/" + name
+        key = self._file_key(save_location, name)
         errors = _botocore_errors()
         with self._errors("read", self._url(key)):
             for attempt in range(1, _BODY_ATTEMPTS + 1):
@@ -790,23 +800,40 @@ class S3Store:
                     raise
                 body = answer["Body"]
                 try:
-                    data: bytes = body.read()
+                    size = answer.get("ContentLength")
+                    if isinstance(size, int) and size > MAX_READ_BYTES:
+                        raise too_large(self._url(key), size)
+                    data = bytearray()
+                    # Read to the end (the empty read is where botocore checks the length it was promised),
+                    # but never more than one byte past the cap.
+                    while chunk := body.read(min(1 << 20, MAX_READ_BYTES + 1 - len(data))):
+                        data += chunk
+                        if len(data) > MAX_READ_BYTES:
+                            raise too_large(self._url(key))
                 except (errors.HTTPClientError, errors.IncompleteReadError):
                     # The body broke off (cut short, connection reset, read timeout): botocore cannot retry
                     # a body it already handed over, so the request is sent again (module rule 6).
                     if attempt == _BODY_ATTEMPTS:
                         raise
                 else:
-                    return data
+                    return bytes(data)
                 finally:
                     body.close()
         raise AssertionError("unreachable: the last failed attempt raises")
 
     def exists(self, save_location: str, name: str) -> bool:
-        """Return True when the object ``name`` exists inside the save (one ``HeadObject``)."""
-        key = self._key(self.save_of(save_location)) + "/" + name
+        """Return True when the object ``name`` exists inside the save (one ``HeadObject``, rule 7)."""
+        key = self._file_key(save_location, name)
+        return self._object_exists(key, action="check")
+
+    def _file_key(self, save_location: str, name: str) -> str:
+        """The key of file ``name`` inside the save; ``InvalidError`` for a location or name leaving it."""
+        return self._key(self.save_of(save_location)) + "/" + validate_file_name(name)
+
+    def _object_exists(self, key: str, *, action: str) -> bool:
+        """Return True when an object has exactly the key ``key`` (one ``HeadObject``)."""
         errors = _botocore_errors()
-        with self._errors("check", self._url(key)):
+        with self._errors(action, self._url(key)):
             try:
                 self._client.head_object(Bucket=self._root.bucket, Key=key)
             except errors.ClientError as exc:
@@ -814,6 +841,10 @@ class S3Store:
                     return False
                 raise
         return True
+
+    def sync_save(self, save_location: str) -> None:
+        """Check the location only: an object S3 acknowledged is durable (the WatchStore port)."""
+        self.save_of(save_location)
 
     def files(self, save_location: str) -> list[FileInfo]:
         """Return every object inside the save with its size, recursively, sorted by relative path.

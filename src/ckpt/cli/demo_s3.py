@@ -34,7 +34,7 @@ def run_s3_demo(ctx: Context, tell: Tell) -> int:
         from moto.server import ThreadedMotoServer
     except ImportError:
         raise InvalidError(
-            "ckpt demo --s3 needs moto's server: pip install 'ckpt[demo-s3]'"
+            "ckpt demo --s3 needs moto's server: pip install 'ckpt-log[demo-s3]'"
             " (python3 dev.py demo --s3 installs it)"
         ) from None
     from ckpt.adapters.s3 import make_s3_client, open_s3_store

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from ckpt.domain.arguments import require_int, require_items, require_str
 from ckpt.domain.errors import InvalidError
 
 __all__ = [
@@ -49,8 +50,7 @@ _DECIMAL = re.compile(r"[0-9]+")
 
 
 def _check_u64(value: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidError(f"{what} must be an integer, got {value!r}")
+    require_int(value, what)
     if not 0 <= value <= MAX_U64:
         raise InvalidError(f"{what} {value} is outside 0..{MAX_U64} (an unsigned 64-bit integer)")
     return value
@@ -107,16 +107,16 @@ def _entry_key(entry: Entry) -> tuple[int, int, str]:
 
 def latest(entries: Iterable[Entry]) -> Entry | None:
     """Return the greatest entry, or ``None`` when there is none."""
-    return max(entries, key=_entry_key, default=None)
+    return max(require_items(entries, Entry, "entries"), key=_entry_key, default=None)
 
 
 def sort_entries(entries: Iterable[Entry]) -> list[Entry]:
     """Return ``entries`` ascending by ``(epoch, step, save)``."""
-    return sorted(entries, key=_entry_key)
+    return sorted(require_items(entries, Entry, "entries"), key=_entry_key)
 
 
 def _parse_u64(text: str, what: str) -> int:
-    if not isinstance(text, str) or _DECIMAL.fullmatch(text) is None:
+    if _DECIMAL.fullmatch(require_str(text, what)) is None:
         raise InvalidError(
             f"{what} {text!r} is not a decimal number (ASCII digits only: no sign, spaces or underscores)"
         )
@@ -176,6 +176,7 @@ def save_error(save: object) -> str | None:
 
 def validate_save(save: str) -> str:
     """Return ``save`` when it is a valid save path (SPEC §2); raise :class:`InvalidError` otherwise."""
+    require_str(save, "save")
     reason = save_error(save)
     if reason is not None:
         raise InvalidError(f"save {save!r} {reason}")
@@ -205,6 +206,7 @@ def attempt_error(attempt: object) -> str | None:
 
 def validate_attempt(attempt: str) -> str:
     """Return ``attempt`` when it can be one path element (SPEC §2); raise :class:`InvalidError` otherwise."""
+    require_str(attempt, "attempt")
     reason = attempt_error(attempt)
     if reason is not None:
         raise InvalidError(f"attempt {attempt!r} {reason}")

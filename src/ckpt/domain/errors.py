@@ -4,14 +4,20 @@
 
     CkptError                                   root: catch this to catch everything of ours
     ├── InvalidError(ValueError)                an argument or setting the operation refuses (exit 2)
+    │   ├── InvalidTypeError(TypeError)         an argument of the wrong type through the Python API (exit 2)
+    │   ├── SaveNotFoundError(FileNotFoundError)  the save to publish does not exist (exit 2)
     │   ├── ConfigError                         the configuration file or its values (exit 2)
     │   └── ProxyConfigError                    a proxy value or NO_PROXY rule, or the CGI guard (exit 2)
     ├── MalformedError(ValueError)              a stored value that does not parse: an entry name (exit 5)
     ├── ExistsError(FileExistsError)            the entry is already published; carries it (exit 4)
     ├── StorageError(OSError)                   the storage failed or refused (exit 1)
-    │   └── NotFoundError(FileNotFoundError)    the root, bucket or save does not exist (exit 1)
+    │   └── NotFoundError(FileNotFoundError)    the root or the bucket does not exist (exit 1)
     ├── CredentialsError(PermissionError)       a credential source is broken or refused (exit 1)
     └── ScanTimeoutError(TimeoutError)          a watcher scan exceeded its timeout (exit 1)
+
+A save that does not exist is the caller's mistake, not the storage's (SPEC §4): publishing it is an
+``InvalidError`` like a save outside the root, so ``SaveNotFoundError`` sits under ``InvalidError`` and not
+under ``NotFoundError``, which is kept for a root or bucket that is gone (an operational failure).
 
 Each leaf also derives from the nearest builtin so that callers who only know the standard library still
 catch it sensibly. Messages say what failed, why, and the offending value; a message never contains a
@@ -33,9 +39,11 @@ __all__ = [
     "CredentialsError",
     "ExistsError",
     "InvalidError",
+    "InvalidTypeError",
     "MalformedError",
     "NotFoundError",
     "ProxyConfigError",
+    "SaveNotFoundError",
     "ScanTimeoutError",
     "StorageError",
 ]
@@ -47,6 +55,29 @@ class CkptError(Exception):
 
 class InvalidError(CkptError, ValueError):
     """An argument the operation refuses: a bad epoch, step, attempt, save path or setting."""
+
+
+class InvalidTypeError(InvalidError, TypeError):
+    """An argument of the wrong type, such as ``None`` for a location or ``"2"`` for a count.
+
+    Raised by the boundary checks of the public API (``ckpt.domain.arguments``), so that a wrong type is
+    one of our errors (``CkptError``), and still the ``TypeError`` a caller who only knows Python expects.
+    """
+
+
+class SaveNotFoundError(InvalidError, FileNotFoundError):
+    """The save to publish does not exist (no folder; on S3 no object under its prefix).
+
+    ``location`` is the save's location. The root and the bucket existing is what tells this apart from
+    ``NotFoundError``.
+    """
+
+    def __init__(self, message: str, *, location: str | None = None) -> None:
+        super().__init__(message)
+        self.location = location
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ConfigError(InvalidError):

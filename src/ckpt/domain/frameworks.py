@@ -42,6 +42,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from ckpt.domain.arguments import require_str
 from ckpt.domain.entries import parse_step
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.ports import FileInfo
@@ -108,6 +109,7 @@ def parse_framework(text: str) -> Framework:
     >>> parse_framework("dcp")
     <Framework.DCP: 'dcp'>
     """
+    require_str(text, "framework")
     for framework in Framework:
         if text == framework.value:
             return framework

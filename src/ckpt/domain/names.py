@@ -35,6 +35,7 @@ from typing import Any
 
 import attrs
 
+from ckpt.domain.arguments import require_instance, require_str
 from ckpt.domain.entries import MAX_U64, Entry, save_error
 from ckpt.domain.errors import InvalidError, MalformedError
 
@@ -94,6 +95,7 @@ def format_entry_name(entry: Entry) -> str:
     >>> format_entry_name(Entry(2, 100, "exec/a/ck-1"))
     '00000000000000000002-00000000000000000100-MV4GKYZPMEXWG2ZNGE'
     """
+    require_instance(entry, Entry, "entry")
     name = f"{entry.epoch:020d}-{entry.step:020d}-{encode_save(entry.save)}"
     if len(name) > MAX_NAME_BYTES:
         size = len(entry.save.encode("utf-8"))
@@ -115,7 +117,7 @@ def parse_entry_name(name: str) -> Entry:
     >>> parse_entry_name("00000000000000000002-00000000000000000100-MV4GKYZPMEXWG2ZNGE")
     Entry(epoch=2, step=100, save='exec/a/ck-1')
     """
-    if not name.isascii() or len(name) > MAX_NAME_BYTES:
+    if not require_str(name, "entry name").isascii() or len(name) > MAX_NAME_BYTES:
         raise _malformed(name, "not an ASCII name of at most 255 bytes")
     parts = name.split("-", 2)
     if len(parts) != 3 or len(parts[0]) != 20 or len(parts[1]) != 20:

@@ -77,10 +77,11 @@ class Store(Protocol):
     def publish(self, epoch: int, step: int, save_location: str) -> Entry:
         """Publish the save at ``save_location`` (a location under the root) as of ``epoch`` and ``step``.
 
-        The save must exist. Creates the entry exclusively; when this returns, the entry is durable.
-        Raises ``ExistsError`` (carrying the entry, untouched) when it is already published,
-        ``InvalidError`` for a location outside the root or an invalid save, ``NotFoundError`` when the save
-        does not exist, ``StorageError`` when the storage fails.
+        The save must exist and be a folder (``ckpt.domain.saves``). Creates the entry exclusively; when this
+        returns, the entry is durable. Raises ``ExistsError`` (carrying the entry, untouched) when it is
+        already published, ``InvalidError`` for a location outside the root, an invalid save or one that is
+        not a folder, ``SaveNotFoundError`` (an ``InvalidError``) when the save does not exist,
+        ``NotFoundError`` when the root does not, ``StorageError`` when the storage fails.
         """
         ...
 
@@ -148,14 +149,22 @@ class Store(Protocol):
 
 @runtime_checkable
 class SaveReader(Protocol):
-    """Reads the files inside a save, so one framework rule runs on every store."""
+    """Reads the files inside a save, so one framework rule runs on every store.
+
+    ``save_location`` must lie under the root and ``name`` be a clean path inside the save, else
+    ``InvalidError``. A file here is a regular file (``ckpt.domain.saves`` rule 3): a folder, a link or a
+    FIFO of that name is no file.
+    """
 
     def read_file(self, save_location: str, name: str) -> bytes | None:
-        """Return the content of file ``name`` inside the save, or ``None`` when there is none."""
+        """Return the content of file ``name`` inside the save, or ``None`` when there is none.
+
+        At most ``ckpt.domain.saves.MAX_READ_BYTES`` (64 MiB) are read; a larger file is a ``StorageError``.
+        """
         ...
 
     def exists(self, save_location: str, name: str) -> bool:
-        """Return True when file ``name`` is present inside the save."""
+        """Return True when file ``name`` is present inside the save (only "no such file" is absence)."""
         ...
 
     def files(self, save_location: str) -> list[FileInfo]:
@@ -170,6 +179,16 @@ class WatchStore(Store, SaveReader, Protocol):
     def folders(self, location: str) -> list[Folder]:
         """Return the folders directly inside ``location``, in no particular order.
 
-        None when ``location`` does not exist; ``NotFoundError`` when the root does not exist.
+        ``location`` is the root or a location under it (a trailing ``/`` changes nothing), else
+        ``InvalidError``. None when ``location`` does not exist; ``NotFoundError`` when the root does not.
+        """
+        ...
+
+    def sync_save(self, save_location: str) -> None:
+        """Make the save's content durable before it is published, where the storage needs that.
+
+        POSIX fsyncs the save's files and folders; on S3 and in memory an acknowledged write is durable
+        already, so only the location is checked. A location with nothing there is not an error (publish
+        says so); one outside the root is ``InvalidError``.
         """
         ...

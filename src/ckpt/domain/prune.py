@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from ckpt.domain.arguments import require_int, require_items, require_str
 from ckpt.domain.entries import Entry, sort_entries
 from ckpt.domain.errors import InvalidError
 
@@ -77,7 +78,8 @@ def overlaps(folder: str, entries: Iterable[Entry]) -> bool:
     >>> overlaps("exec/a", [Entry(1, 10, "exec/a/ck-10")])
     True
     """
-    return Overlap(e.save for e in entries)(folder)
+    require_str(folder, "folder")
+    return Overlap(e.save for e in require_items(entries, Entry, "entries"))(folder)
 
 
 @attrs.frozen
@@ -96,7 +98,7 @@ def plan_prune(entries: Iterable[Entry], keep: int) -> PrunePlan:
     >>> [e.step for e in p.remove], p.folders
     ([1], ('exec/a/ck-1',))
     """
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+    if require_int(keep, "keep") < 1:
         raise InvalidError(f"keep must be an integer >= 1, got {keep!r}")
     ordered = sort_entries(entries)
     cut = max(len(ordered) - keep, 0)
