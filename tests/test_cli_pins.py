@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name, parse_entry_name
+from s3_support import new_bucket_name, raw_client
+from test_cli_s3 import KEYS, run, write_config
 
 ENTRY_KEYS = {"epoch", "step", "save", "location", "name"}
 
@@ -152,3 +155,72 @@ class TestPruneTiers:
         result = ckpt(root, "prune", "--keep", "1", f"--keep-every={every}")
         assert result.returncode == 2, result.stderr
         assert len(os.listdir(root / "pub")) == 5
+
+
+class TestOnS3:
+    def test_pin_entries_prune_tiers_unpin_and_follow_on_a_bucket(
+        self, moto_server: str, tmp_path: Path
+    ) -> None:
+        """The same commands on s3://BUCKET/PREFIX through moto's server, from a config file."""
+        client = raw_client(moto_server)
+        name = new_bucket_name()
+        client.create_bucket(Bucket=name)
+        root = f"s3://{name}/team-a"
+        config = write_config(tmp_path / "ckpt.toml", root, moto_server)
+        for step in (1000, 1500, 2000, 2500):
+            client.put_object(Bucket=name, Key=f"team-a/exec/a/ck-{step}/model.bin", Body=b"w")
+            published = run(config, "publish", "--epoch", "1", "--step", str(step), f"exec/a/ck-{step}")
+            assert published.returncode == 0, published.stderr
+        pinned = run(config, "pin", "--epoch", "1", "--step", "1500")
+        assert pinned.stdout == f"pinned: epoch 1 step 1500 {root}/exec/a/ck-1500\n", pinned.stderr
+        assert f"1 1500 {root}/exec/a/ck-1500 (pinned)" in run(config, "entries").stdout.splitlines()
+        pruned = json.loads(run(config, "--json", "prune", "--keep", "1", "--keep-every", "1000").stdout)
+        assert [(k["step"], k["reasons"]) for k in pruned["kept"]] == [
+            (1000, ["every"]),
+            (1500, ["pinned"]),
+            (2000, ["every"]),
+            (2500, ["latest"]),
+        ]
+        assert pruned["removed_entries"] == []
+        unpinned = run(config, "unpin", f"{root}/exec/a/ck-1500")
+        assert unpinned.stdout == f"unpinned: epoch 1 step 1500 {root}/exec/a/ck-1500\n", unpinned.stderr
+        after = json.loads(run(config, "--json", "prune", "--keep", "1", "--keep-every", "1000").stdout)
+        assert [e["step"] for e in after["removed_entries"]] == [1500]
+        keys = {obj["Key"] for obj in client.list_objects_v2(Bucket=name, Prefix="team-a/")["Contents"]}
+        assert "team-a/exec/a/ck-1500/model.bin" not in keys
+        assert f"team-a/pins/{format_entry_name(Entry(1, 1500, 'exec/a/ck-1500'))}" not in keys
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_", "AWS_"))}
+        env.update(KEYS, PYTHONUNBUFFERED="1")
+        follow = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ckpt",
+                "--config",
+                str(config),
+                "follow",
+                "--from-start",
+                "--interval",
+                "0.1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert follow.stdout is not None
+            lines = [follow.stdout.readline().rstrip("\n") for _ in range(3)]
+            assert lines == [
+                f"not-latest 1 1000 {root}/exec/a/ck-1000",
+                f"not-latest 1 2000 {root}/exec/a/ck-2000",
+                f"latest 1 2500 {root}/exec/a/ck-2500",
+            ]
+            follow.send_signal(signal.SIGTERM)
+            _, err = follow.communicate(timeout=60)
+            assert follow.returncode == 0, err
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+                follow.communicate()
