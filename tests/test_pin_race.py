@@ -148,10 +148,12 @@ def race(where: Any, tmp_path: Path, last: int) -> dict[int, bool]:
             break  # a worker died before the race: its stderr says why, below
         time.sleep(0.01)
     go.touch()  # every worker is connected: the race starts now, for all of them at once
+    finished = [process.communicate(timeout=300) for process in processes]  # every pipe read and closed
+    assert [
+        (p.returncode, err) for p, (_, err) in zip(processes, finished, strict=True) if p.returncode
+    ] == []
     outcomes: dict[int, bool] = {}
-    for process in processes:
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
+    for out, _ in finished:
         for line in out.splitlines():
             result = json.loads(line)
             outcomes[result["step"]] = result["ok"]
