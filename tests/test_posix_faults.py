@@ -314,6 +314,7 @@ PRUNE_CALLS = """
     scandir pub
     readdir pub
     close pub
+    open pins                       the plan: read pins/ (missing here: no pins)
     open .                          the root, held for the whole prune
     scandir .                       journals that earlier prunes left
     readdir .
@@ -327,7 +328,8 @@ PRUNE_CALLS = """
     unlink pub/<entry-2>
     fsync pub
     close pub
-    open pub                        the re-read
+    open pins                       the re-read: pins/ first, then pub/
+    open pub
     scandir pub
     readdir pub
     close pub
