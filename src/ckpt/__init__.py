@@ -31,13 +31,13 @@ from ckpt.domain.errors import (
 from ckpt.domain.names import format_entry_name, parse_entry_name
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SaveReader, SkippedFolder, Store, WatchStore
 from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
-from ckpt.domain.retention import KeepReason, Kept, RetentionPlan, plan_retention
 from ckpt.store import open_store
 
 if TYPE_CHECKING:
     from ckpt.domain.follow import Followed
     from ckpt.domain.frameworks import Framework, parse_framework
     from ckpt.domain.proxy import ProxyRule
+    from ckpt.domain.retention import KeepReason, Kept, RetentionPlan, plan_retention
     from ckpt.following import follow
     from ckpt.verify import Verified, resolve_verified
     from ckpt.watcher import Watcher
@@ -101,6 +101,10 @@ _LAZY = {
     "Verified": "ckpt.verify",
     "resolve_verified": "ckpt.verify",
     "follow": "ckpt.following",
+    "KeepReason": "ckpt.domain.retention",
+    "Kept": "ckpt.domain.retention",
+    "RetentionPlan": "ckpt.domain.retention",
+    "plan_retention": "ckpt.domain.retention",
     "Followed": "ckpt.domain.follow",
 }
 

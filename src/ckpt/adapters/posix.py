@@ -42,7 +42,6 @@ from contextlib import AbstractContextManager, suppress
 from itertools import islice
 from typing import TYPE_CHECKING, NoReturn
 
-from ckpt.adapters.posix_pins import PosixPins
 from ckpt.domain.arguments import require_bool, require_instance, require_int, require_str
 from ckpt.domain.entries import PUB_DIR_NAME, Entry, exec_save_prefix, validate_save
 from ckpt.domain.errors import (
@@ -56,11 +55,10 @@ from ckpt.domain.names import LatestEntryScan, format_entry_name, latest_entry_n
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SkippedFolder
 from ckpt.domain.prune import Overlap
 from ckpt.domain.redaction import redact_url
-from ckpt.domain.retention import SKIP_PINNED, SKIP_PUBLISHED, plan_retention
 from ckpt.domain.saves import MAX_READ_BYTES, SaveKind, check_save_kind, too_large, validate_file_name
-from ckpt.pins import pin_entry, pinned_entries, unpin_entry
 
 if TYPE_CHECKING:
+    from ckpt.adapters.posix_pins import PosixPins
     from ckpt.domain.follow import Followed, StopSignal
 
 __all__ = ["PosixStore", "Syscalls"]
@@ -166,7 +164,7 @@ class PosixStore:
         self._root = normalized
         self._pub = os.path.join(normalized, PUB_DIR_NAME)
         self._sys = syscalls if syscalls is not None else Syscalls()
-        self._pins = PosixPins(normalized, self._sys)
+        self._pins: PosixPins | None = None  # made on first use: resolve never needs it
 
     def __repr__(self) -> str:
         return f"PosixStore({self._root!r})"
@@ -435,28 +433,41 @@ class PosixStore:
 
     # -- pins (ckpt.pins) ------------------------------------------------------------------------------
 
+    def _pin_dir(self) -> PosixPins:
+        if self._pins is None:
+            from ckpt.adapters.posix_pins import PosixPins
+
+            self._pins = PosixPins(self._root, self._sys)
+        return self._pins
+
     def pin_names(self) -> list[str]:
         """Return the names in ``pins/`` (the PinLog port of ``ckpt.pins``)."""
-        return self._pins.names()
+        return self._pin_dir().names()
 
     def create_pin(self, name: str) -> bool:
         """Create the pin ``name`` exclusively and durably; False when it was there."""
-        return self._pins.create(name)
+        return self._pin_dir().create(name)
 
     def remove_pins(self, names: Sequence[str]) -> None:
         """Remove the pins ``names``; absent ones are fine."""
-        self._pins.remove(names)
+        self._pin_dir().remove(names)
 
     def pin(self, entry: Entry) -> bool:
         """Pin a published entry; True when this call pinned it (see ``ckpt.pins``)."""
+        from ckpt.pins import pin_entry
+
         return pin_entry(self, entry)
 
     def unpin(self, entry: Entry) -> bool:
         """Unpin an entry; True when it was pinned. Unpinning twice is not an error."""
+        from ckpt.pins import unpin_entry
+
         return unpin_entry(self, entry)
 
     def pinned(self) -> list[Entry]:
         """Return the pinned entries, ascending."""
+        from ckpt.pins import pinned_entries
+
         return pinned_entries(self)
 
     def follow(
@@ -501,6 +512,9 @@ class PosixStore:
         but did not remove (it failed, or was killed) are removed too, unless an entry or a pin needs them
         now: see docs/adr/0004-prune-safety.md.
         """
+        from ckpt.domain.retention import plan_retention  # not at import: resolve never needs it
+        from ckpt.pins import pinned_entries
+
         require_int(keep, "keep")
         if keep_every is not None:
             require_int(keep_every, "keep_every")
@@ -1023,6 +1037,8 @@ def _journal_note(journal: str | None, root: str) -> str:
 
 def _still_needed(folder: str, entries: Overlap, pins: Overlap) -> str | None:
     """Why a folder planned for removal must stay after the re-read, or ``None`` when nothing needs it."""
+    from ckpt.domain.retention import SKIP_PINNED, SKIP_PUBLISHED
+
     if pins(folder):
         return SKIP_PINNED
     if entries(folder):

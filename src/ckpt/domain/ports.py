@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import attrs
 
 from ckpt.domain.entries import Entry
-from ckpt.domain.retention import Kept
 
 if TYPE_CHECKING:
     from ckpt.domain.follow import Followed, StopSignal
+    from ckpt.domain.retention import Kept
 
 __all__ = [
     "FileInfo",
