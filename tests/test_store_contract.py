@@ -507,6 +507,20 @@ WRONG_TYPED_API_CALLS: dict[str, Callable[[], object]] = {
     "open-store-environ-list": lambda: ckpt.open_store("/", environ=[]),  # type: ignore[arg-type]
     "resolve-verified-store-none": lambda: ckpt.resolve_verified(None, ckpt.parse_framework("hf")),
     "in-memory-store-name-int": lambda: __import__("ckpt.testing").testing.InMemoryStore(3),
+    "watcher-store-none": lambda: ckpt.Watcher(
+        None,  # type: ignore[arg-type]
+        ckpt.parse_framework("hf"),
+        "memory://root/exec/a",
+        1,
+        1,
+    ),
+    "watcher-framework-str": lambda: ckpt.Watcher(
+        __import__("ckpt.testing").testing.InMemoryStore(),
+        "hf",  # type: ignore[arg-type]
+        "memory://root/exec/a",
+        1,
+        1,
+    ),
 }
 
 

@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import attrs
 
+from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import MAX_U64, Entry
 from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
 from ckpt.domain.frameworks import (
@@ -49,7 +50,7 @@ from ckpt.domain.frameworks import (
     rank_files,
     save_folders,
 )
-from ckpt.domain.ports import WatchStore
+from ckpt.domain.ports import Store, WatchStore
 from ckpt.verify import read_markers, read_rank_states
 
 __all__ = ["Watcher"]
@@ -97,8 +98,8 @@ class Watcher:
         on_published: Callable[[Entry], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not isinstance(framework, Framework):
-            raise InvalidError(f"framework {framework!r} is not a Framework")
+        require_instance(store, Store, "store")
+        require_instance(framework, Framework, "framework")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_U64:
             raise InvalidError(f"epoch {epoch!r} is not an unsigned 64-bit integer")
         if not isinstance(saves_location, str) or not saves_location:
