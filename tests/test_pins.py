@@ -3,17 +3,20 @@ moto in-process and over HTTP), the pin layout on disk and in the bucket, and th
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
 import pytest
 
+from ckpt.adapters.posix import PosixStore
 from ckpt.domain.entries import Entry
-from ckpt.domain.errors import InvalidError, MalformedError, NotFoundError
+from ckpt.domain.errors import InvalidError, MalformedError, NotFoundError, StorageError
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.retention import SKIP_PINNED, KeepReason, Kept
 from ckpt.testing import InMemoryStore
 from harness import Harness, MemoryHarness, PosixHarness
+from support.faulty_syscalls import FaultySyscalls
 
 EXEC = "exec/1.4101.0"
 
@@ -251,3 +254,33 @@ class TestPinRacingPrune:
         store.prune(keep=1)
         assert store.entries() == [e1, e3]
         assert store.pinned() == []
+
+
+class TestPosixPinFaults:
+    """Every system call a pin makes, failed in turn (real calls on real files, one of them failing)."""
+
+    @pytest.mark.parametrize("operation", ["mkdir", "open", "fsync", "scandir"])
+    def test_a_failed_call_is_a_storage_error_and_pinning_again_converges(
+        self, tmp_path: Any, operation: str
+    ) -> None:
+        """Each failing call is StorageError naming the root; a new pin then pins the entry exactly once."""
+        root = tmp_path / "root"
+        root.mkdir()
+        harness = PosixHarness(str(root))
+        (entry,) = publish_steps(harness, 100)
+        probe = FaultySyscalls(str(root))
+        PosixStore(str(root), syscalls=probe).pin(entry)  # a fault-free pin on a root without pins/
+        count = probe.count(operation)
+        assert count >= 1
+        for nth in range(1, count + 1):
+            PosixStore(str(root)).unpin(entry)
+            os.rmdir(root / "pins")
+            calls = FaultySyscalls(str(root))
+            calls.fail(operation, nth, errno.EIO)
+            with pytest.raises(StorageError) as caught:
+                PosixStore(str(root), syscalls=calls).pin(entry)
+            assert str(root) in str(caught.value)
+            assert os.strerror(errno.EIO) in str(caught.value)
+            PosixStore(str(root)).pin(entry)
+            assert PosixStore(str(root)).pinned() == [entry]
+            assert PosixStore(str(root)).entries() == [entry]
