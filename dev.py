@@ -165,6 +165,7 @@ def main(argv: list[str]) -> int:
         for step in (
             (py, "-m", "ruff", "check", "src", "tests", "benchmarks", "dev.py"),
             (py, "-m", "mypy"),
+            (os.path.join(BIN, "lint-imports"),),  # the layer contract in pyproject.toml
         ):
             if _run(*step) != 0:
                 return 1

@@ -35,10 +35,10 @@ from functools import partial
 from pathlib import Path
 
 from ckpt.adapters.posix import PosixStore
+from ckpt.application.verify import resolve_verified
 from ckpt.domain.entries import Entry
 from ckpt.domain.frameworks import METADATA, TRAINER_STATE, Framework
 from ckpt.domain.names import format_entry_name
-from ckpt.verify import resolve_verified
 from run import (
     CLOCKS,
     REPO,

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ckpt.adapters.s3 import S3Store
+from ckpt.application.following import follow
 from ckpt.domain.errors import ExistsError
 from ckpt.domain.names import format_entry_name
-from ckpt.following import follow
 from moto_seeded import RequestCounter, describe, moto_server, store_client
 from run import Context, Row, benchmark, entry_at, ms, ratio, size_label
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from ckpt.adapters.posix import PosixStore
 from ckpt.adapters.s3 import S3Store
+from ckpt.application.watcher import Watcher
 from ckpt.domain.frameworks import TRAINER_STATE, Framework
 from ckpt.domain.names import format_entry_name
-from ckpt.watcher import Watcher
 from moto_seeded import RequestCounter, describe, moto_server, store_client
 from run import CLOCKS, REPO, Context, Row, benchmark, best_of, entry_at, interleaved, ms, ratio
 
@@ -74,7 +74,7 @@ import os, sys
 sys.path.insert(0, {str(REPO / "src")!r})
 from ckpt.adapters.posix import PosixStore
 from ckpt.domain.frameworks import Framework
-from ckpt.watcher import Watcher
+from ckpt.application.watcher import Watcher
 store = PosixStore(sys.argv[1])
 saves = store.exec_dir({ATTEMPT!r})
 watcher = Watcher(store, Framework.HF, saves, {EPOCH}, 10.0)

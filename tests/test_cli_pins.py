@@ -14,7 +14,7 @@ import pytest
 
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name, parse_entry_name
-from s3_support import new_bucket_name, raw_client
+from support.s3 import new_bucket_name, raw_client
 from test_cli_s3 import KEYS, run, write_config
 
 ENTRY_KEYS = {"epoch", "step", "save", "location", "name"}

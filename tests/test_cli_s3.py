@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import boto3
 import pytest
 
-from s3_support import new_bucket_name
 from support.forward_proxy import ForwardProxy, Match, StripRequestHeader
+from support.s3 import new_bucket_name
 
 KEYS = {"AWS_ACCESS_KEY_ID": "cli-test-key", "AWS_SECRET_ACCESS_KEY": "cli-test-secret-value"}
 PROXY_PASSWORD = "proxy-pass-never-printed"

@@ -142,13 +142,12 @@ class TestConnectS3:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """An InvalidError of ours raised while the client is built keeps its own message."""
-        from ckpt.adapters.s3 import connect_s3
-        from ckpt.creds import botocore_session
+        from ckpt.adapters.s3 import client, connect_s3
 
         def refuse(*_args: object, **_kwargs: object) -> object:
             raise InvalidError("the S3 client's proxies must be explicit")
 
-        monkeypatch.setattr(botocore_session, "create_s3_client", refuse)
+        monkeypatch.setattr(client, "create_s3_client", refuse)
         config = Config(s3=S3Settings(endpoint_url="https://objects.example:9000"))
         with pytest.raises(InvalidError) as caught:
             connect_s3(config, {})

@@ -27,16 +27,16 @@ import botocore.exceptions
 import botocore.session
 import pytest
 
+from ckpt.adapters.s3.client import create_s3_client
 from ckpt.creds import AppRoleAuth, Chain, Credentials, FileSource, KubernetesAuth, VaultSource
 from ckpt.creds.botocore_session import (
     AUTH_ERROR_CODES,
-    create_s3_client,
     make_botocore_session,
     next_refresh,
     stale_deadline,
 )
 from ckpt.domain.errors import CredentialsError, InvalidError
-from fake_vault import Answer, FakeVault, RecordedRequest, RelayServer
+from support.fake_vault import Answer, FakeVault, RecordedRequest, RelayServer
 
 SECRET = "s3-SECRET-KEY-f00d-4242"
 TOKEN = "s3-SESSION-TOKEN-f00d-4242"

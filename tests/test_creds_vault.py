@@ -1,4 +1,4 @@
-"""The ``vault`` credential source against the fake Vault (tests/fake_vault.py) on loopback (SPEC §6).
+"""The ``vault`` credential source against the fake Vault (support/fake_vault.py) on loopback (SPEC §6).
 
 Covers: Kubernetes and AppRole logins (the JWT and secret id re-read at every login, no token on a login),
 token reuse, renewal and re-login, KV v2 reads with rotated, deleted and destroyed versions, and the
@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from ckpt.creds import AppRoleAuth, Credentials, KubernetesAuth, VaultFields, VaultSource
-from ckpt.creds.vault import VaultToken, plan_token, vault_address_problem
+from ckpt.creds.vault.source import vault_address_problem
+from ckpt.creds.vault.token import VaultToken, plan_token, token_from_auth
 from ckpt.domain.errors import ConfigError, CredentialsError
-from fake_vault import FakeVault, RecordingServer, RelayServer
+from support.fake_vault import FakeVault, RecordingServer, RelayServer
 
 ROLE = "ckpt-publisher"
 JWT = "eyJhbGciOiJSUzI1NiJ9.JWT-ONE-c0ffee.sig"
@@ -264,6 +265,56 @@ class TestTokenLifecycle:
     def test_plan(self, token: VaultToken | None, now: float, action: str) -> None:
         """Reuse while more than a third of the lease is left, then renew (or log in), log in near the end."""
         assert plan_token(token, now) == action
+
+    @pytest.mark.parametrize(
+        ("response", "previous", "expected"),
+        [
+            (
+                {"auth": {"client_token": "n", "lease_duration": 60, "renewable": True}},
+                None,
+                ("n", 60.0, True),
+            ),
+            (
+                {"auth": {"lease_duration": 400, "renewable": True}},
+                VaultToken("t", 0.0, 300.0, True),
+                ("t", 400.0, True),
+            ),
+            (
+                {"auth": {"lease_duration": 100, "renewable": True}},
+                VaultToken("t", 0.0, 300.0, True),
+                ("t", 100.0, False),
+            ),
+            ({"auth": {"client_token": "n", "lease_duration": 0}}, None, ("n", 0.0, False)),
+        ],
+    )
+    def test_token_from_an_auth_block(
+        self, response: object, previous: VaultToken | None, expected: tuple[str, float, bool]
+    ) -> None:
+        """A renewal keeps the old token; one that does not extend the expiry is marked not renewable."""
+        token = token_from_auth(response, now=150.0, previous=previous)
+        assert token is not None
+        assert (token.value, token.obtained_at, token.lease_seconds, token.renewable) == (
+            *expected[:1],
+            150.0,
+            *expected[1:],
+        )
+
+    @pytest.mark.parametrize(
+        "response",
+        [
+            None,
+            {"auth": None},
+            {"auth": {"lease_duration": 60}},  # no token, and no previous one
+            {"auth": {"client_token": "", "lease_duration": 60}},
+            {"auth": {"client_token": "n", "lease_duration": -1}},
+            {"auth": {"client_token": "n", "lease_duration": True}},
+            {"auth": {"client_token": "n", "lease_duration": "60"}},
+            {"auth": {"client_token": "n", "lease_duration": 60, "renewable": "yes"}},
+        ],
+    )
+    def test_no_token_from_a_bad_auth_block(self, response: object) -> None:
+        """An answer without a usable auth block gives no token (the source reports it as unexpected)."""
+        assert token_from_auth(response, now=0.0, previous=None) is None
 
     def test_the_token_is_renewed_before_it_expires(
         self, vault: FakeVault, jwt_file: Path, clock: Clock

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from s3_support import free_port, new_bucket_name, raw_client
 from support.forward_proxy import ForwardProxy
+from support.s3 import free_port, new_bucket_name, raw_client
 from test_cli import ckpt
 from test_cli_s3 import PROXY_PASSWORD, run
 

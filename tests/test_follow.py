@@ -1,5 +1,5 @@
-"""Following the publication log: the pure rule, ``ckpt.following.follow`` on every store, S3's request budget
-on the wire, and ``ckpt follow`` as a real process (output, signals, exit codes)."""
+"""Following the publication log: the pure rule, ``ckpt.application.following.follow`` on every store,
+S3's request budget on the wire, and ``ckpt follow`` as a real process (output, signals, exit codes)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ import pytest
 
 from ckpt.adapters.posix import PosixStore
 from ckpt.adapters.s3 import PAGE_SIZE, S3Store
+from ckpt.application.following import follow
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import InvalidError, MalformedError
 from ckpt.domain.follow import Followed, new_entries
 from ckpt.domain.names import format_entry_name
-from ckpt.following import follow
 from ckpt.testing import InMemoryStore
-from harness import Harness
-from s3_support import RequestLog, new_bucket_name, raw_client
+from support.harness import Harness
+from support.s3 import RequestLog, new_bucket_name, raw_client
 
 CKPT = [sys.executable, "-m", "ckpt"]
 OLD = Entry(2, 100, "exec/b/ck-100")

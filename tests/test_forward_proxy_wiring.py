@@ -42,8 +42,7 @@ from ckpt.config import Config, S3Settings
 from ckpt.creds.vault import KubernetesAuth, VaultSource
 from ckpt.domain.errors import ProxyConfigError
 from ckpt.domain.proxy import ProxyRule
-from fake_vault import FakeVault
-from s3_support import FAKE_ENV, new_bucket_name, raw_client
+from support.fake_vault import FakeVault
 from support.forward_proxy import (
     Delay,
     DropConnection,
@@ -54,6 +53,7 @@ from support.forward_proxy import (
     TruncateResponse,
     slow_down,
 )
+from support.s3 import FAKE_ENV, new_bucket_name, raw_client
 
 PROXY_USER = "alice"
 PROXY_PASSWORD = "s3cr3t-p@ss"  # an "@" to make redaction and encoding work for it

@@ -18,15 +18,16 @@ from ckpt.domain.frameworks import (
     Framework,
     Listing,
     Markers,
-    check_markers,
-    check_zip_tail,
     default_settle,
     judge_save,
+    markers_problem,
     parse_framework,
     parse_world_size,
     rank_files,
     save_folders,
     save_step,
+    validate_world_size,
+    zip_tail_problem,
 )
 from ckpt.domain.ports import FileInfo
 
@@ -49,6 +50,17 @@ RNG = zip_bytes()
 
 def whole(data: bytes) -> FileTail:
     return FileTail(len(data), data)
+
+
+class TestNames:
+    """The functions are named for what they return; the old names stay as aliases for existing callers."""
+
+    def test_old_names_are_aliases(self) -> None:
+        """check_markers, check_zip_tail and check_world_size are the renamed functions themselves."""
+        from ckpt.domain import frameworks
+
+        old = (frameworks.check_markers, frameworks.check_zip_tail, frameworks.check_world_size)
+        assert old == (markers_problem, zip_tail_problem, validate_world_size)
 
 
 class TestParseFramework:
@@ -94,33 +106,33 @@ class TestZipTail:
     )
     def test_complete_zips_pass_whole_or_by_their_tail(self, data: bytes) -> None:
         """A complete zip passes, read whole or only its last bytes (with its size)."""
-        assert check_zip_tail(whole(data)) is None
-        assert check_zip_tail(FileTail(len(data), data[-100:])) is None
+        assert zip_tail_problem(whole(data)) is None
+        assert zip_tail_problem(FileTail(len(data), data[-100:])) is None
 
     @pytest.mark.parametrize("data", [RNG, zip_bytes(zip64=True)], ids=["plain", "zip64"])
     def test_every_cut_short_prefix_fails(self, data: bytes) -> None:
         """A zip cut short at any length (a rank killed while writing it) is never complete."""
-        passing = [n for n in range(len(data)) if check_zip_tail(whole(data[:n])) is None]
+        passing = [n for n in range(len(data)) if zip_tail_problem(whole(data[:n])) is None]
         assert passing == []
 
     def test_reasons(self) -> None:
         """Each way of failing says what is wrong."""
-        assert check_zip_tail(whole(b"")) == "no end-of-central-directory record at its end"
-        assert check_zip_tail(whole(RNG + b"x")) == "no end-of-central-directory record at its end"
-        assert check_zip_tail(FileTail(3, b"four")) == "its tail is longer than the file"
+        assert zip_tail_problem(whole(b"")) == "no end-of-central-directory record at its end"
+        assert zip_tail_problem(whole(RNG + b"x")) == "no end-of-central-directory record at its end"
+        assert zip_tail_problem(FileTail(3, b"four")) == "its tail is longer than the file"
         # The end record must end the file exactly: an empty zip is that record alone; a record whose
         # comment length promises a byte that is not there does not count.
-        assert check_zip_tail(whole(b"PK\x05\x06" + bytes(18))) is None
+        assert zip_tail_problem(whole(b"PK\x05\x06" + bytes(18))) is None
         eocd_with_missing_comment = b"PK\x05\x06" + bytes(16) + b"\x01\x00"
         assert (
-            check_zip_tail(whole(eocd_with_missing_comment))
+            zip_tail_problem(whole(eocd_with_missing_comment))
             == "no end-of-central-directory record at its end"
         )
 
     @given(st.binary(max_size=300))
     def test_arbitrary_bytes_never_raise(self, data: bytes) -> None:
         """Whatever the bytes, the check answers with a verdict instead of raising."""
-        reason = check_zip_tail(whole(data))
+        reason = zip_tail_problem(whole(data))
         assert reason is None or isinstance(reason, str)
 
 
@@ -207,10 +219,10 @@ class TestSaveFolders:
         assert save_folders(DCP, names) == save_folders(DCP, list(reversed(names)))
 
 
-class TestCheckMarkers:
+class TestMarkersProblem:
     def test_hf_complete(self) -> None:
         """A JSON object in trainer_state.json and no sentinel is complete (even with the Trainer's NaN)."""
-        assert check_markers(HF, Markers(trainer_state=STATE)) is None
+        assert markers_problem(HF, Markers(trainer_state=STATE)) is None
 
     @pytest.mark.parametrize(
         ("markers", "reason"),
@@ -232,17 +244,17 @@ class TestCheckMarkers:
     )
     def test_hf_incomplete(self, markers: Markers, reason: str) -> None:
         """Missing, partial or non-object trainer_state.json, or the sentinel, each say why."""
-        assert check_markers(HF, markers) == reason
+        assert markers_problem(HF, markers) == reason
 
     def test_dcp(self) -> None:
         """A dcp save is complete exactly when .metadata is present; hf's markers do not matter to it."""
-        assert check_markers(DCP, Markers(metadata=True)) is None
-        assert check_markers(DCP, Markers(trainer_state=b"{}")) == "no .metadata"
+        assert markers_problem(DCP, Markers(metadata=True)) is None
+        assert markers_problem(DCP, Markers(trainer_state=b"{}")) == "no .metadata"
 
     def test_hf_ranks_all_complete(self) -> None:
         """With world size 2, trainer_state.json plus two complete RNG zips is complete."""
         markers = Markers(trainer_state=STATE, rank_states=(whole(RNG), whole(RNG)))
-        assert check_markers(HF, markers, world_size=2) is None
+        assert markers_problem(HF, markers, world_size=2) is None
 
     @pytest.mark.parametrize(
         ("states", "reason"),
@@ -268,24 +280,24 @@ class TestCheckMarkers:
     )
     def test_hf_ranks_incomplete(self, states: tuple[FileTail | None, ...], reason: str) -> None:
         """With world size 2, a rank whose RNG state is missing, cut short or too big holds the save back."""
-        assert check_markers(HF, Markers(trainer_state=STATE, rank_states=states), world_size=2) == reason
+        assert markers_problem(HF, Markers(trainer_state=STATE, rank_states=states), world_size=2) == reason
 
     def test_ranks_only_when_the_world_size_is_above_one(self) -> None:
         """Unknown or 1, the world size adds nothing; the other markers still come first."""
-        assert check_markers(HF, Markers(trainer_state=STATE), world_size=1) is None
-        assert check_markers(HF, Markers(trainer_state=STATE), world_size=None) is None
-        assert check_markers(HF, Markers(), world_size=2) == "no trainer_state.json"
-        assert check_markers(DCP, Markers(metadata=True), world_size=2) is None
+        assert markers_problem(HF, Markers(trainer_state=STATE), world_size=1) is None
+        assert markers_problem(HF, Markers(trainer_state=STATE), world_size=None) is None
+        assert markers_problem(HF, Markers(), world_size=2) == "no trainer_state.json"
+        assert markers_problem(DCP, Markers(metadata=True), world_size=2) is None
 
     @given(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5) | st.none(), max_size=5))
     def test_any_json_object_is_complete(self, document: dict[str, object]) -> None:
         """Any JSON object at all passes the hf marker check."""
-        assert check_markers(HF, Markers(trainer_state=json.dumps(document).encode())) is None
+        assert markers_problem(HF, Markers(trainer_state=json.dumps(document).encode())) is None
 
     @given(st.binary(max_size=40))
     def test_arbitrary_bytes_never_raise(self, data: bytes) -> None:
         """Whatever bytes the file holds, the check answers with a verdict instead of raising."""
-        reason = check_markers(HF, Markers(trainer_state=data))
+        reason = markers_problem(HF, Markers(trainer_state=data))
         assert reason in (None, "trainer_state.json is not a JSON object")
 
 

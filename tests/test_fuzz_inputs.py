@@ -26,79 +26,20 @@ from ckpt.domain.errors import ConfigError, InvalidError, ProxyConfigError
 from ckpt.domain.proxy import ProxyRule, parse_proxy_url, redact_url
 from support.fuzzing import fuzz_settings
 from support.strategies import (
+    FUZZ_CONFIG_DOCUMENTS,
+    FUZZ_TEXT,
     PROXY_PASSWORD,
     ConfigCase,
     config_cases,
     expected_config_fields,
+    fuzz_proxy_values,
+    fuzz_s3_roots,
+    fuzz_urls,
     toml_text,
     valid_documents,
 )
 
 FUZZ = fuzz_settings()
-
-# Text biased towards the characters these grammars care about, plus anything at all.
-_SPECIAL = st.sampled_from([*"/:@?#[]%.-_*,= \t\n\x00\x7fAaZz09", "..", "//", "s3://", "http://", "::"])
-_TEXT = st.one_of(
-    st.text(max_size=80),
-    st.lists(st.one_of(_SPECIAL, st.text(max_size=6)), max_size=20).map("".join),
-)
-_HOST = st.one_of(
-    st.from_regex(r"[a-z0-9][a-z0-9.-]{1,20}[a-z0-9]", fullmatch=True),
-    st.sampled_from(["127.0.0.1", "[::1]", "10.1.2.3", "[2001:db8::1]", "localhost", "bücher.example"]),
-    _TEXT,
-)
-
-
-def _s3_roots() -> st.SearchStrategy[str]:
-    return st.one_of(
-        _TEXT.map(lambda t: "s3://" + t),
-        st.tuples(_HOST, st.lists(_TEXT, max_size=4)).map(lambda t: "s3://" + "/".join([t[0], *t[1]])),
-        _TEXT,
-    )
-
-
-def _proxy_values() -> st.SearchStrategy[str]:
-    return st.one_of(
-        _TEXT,
-        st.tuples(
-            st.sampled_from(["", "http://", "https://", "socks5://", "HTTP://", "ftp://"]),
-            st.sampled_from(["", "user:p%40ss@", "u@", ":Zq9Secret@"]),
-            _HOST,
-            st.sampled_from(["", ":3128", ":0", ":65536", ":x", "/path", "?q", "#f"]),
-        ).map("".join),
-    )
-
-
-def _urls() -> st.SearchStrategy[str]:
-    return st.one_of(
-        _TEXT,
-        st.tuples(
-            st.sampled_from(["http://", "https://", "HTTPS://", "ftp://", ""]),
-            _HOST,
-            st.sampled_from(["", ":80", ":443", ":9000", ":99999", "/b/k", "?x=1"]),
-        ).map("".join),
-    )
-
-
-_TOML_SCALARS = st.one_of(
-    st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), _TEXT, st.just([])
-)
-_KEYS = st.one_of(
-    st.sampled_from(
-        ["root", "s3", "proxy", "credentials", "endpoint_url", "region", "addressing_style", "ca_bundle",
-         "connect_timeout", "read_timeout", "max_attempts", "refresh_seconds", "max_staleness_seconds",
-         "http_proxy", "https_proxy", "no_proxy", "source", "dir", "readable_by_others", "address", "path",
-         "mount", "namespace", "auth", "method", "role", "jwt_file", "role_id", "secret_id", "fields"]
-    ),
-    st.text(max_size=8),
-)  # fmt: skip
-_DOCUMENTS = st.recursive(
-    st.dictionaries(_KEYS, _TOML_SCALARS, max_size=5),
-    lambda children: st.dictionaries(
-        _KEYS, st.one_of(_TOML_SCALARS, children, st.lists(children, max_size=3)), max_size=5
-    ),
-    max_leaves=8,
-)
 
 _ALLOWED = (InvalidError,)  # ConfigError and ProxyConfigError are InvalidErrors
 
@@ -114,7 +55,7 @@ def _attempt(call: Any, *args: Any) -> tuple[Any, BaseException | None]:
 @pytest.mark.fuzz
 class TestFuzzS3Root:
     @FUZZ
-    @given(_s3_roots())
+    @given(fuzz_s3_roots())
     def test_s3_roots_parse_canonically_or_are_invalid(self, root: str) -> None:
         """An S3 root either is InvalidError or parses to a value whose URL parses back to itself."""
         parsed, error = _attempt(parse_s3_root, root)
@@ -128,7 +69,7 @@ class TestFuzzS3Root:
 @pytest.mark.fuzz
 class TestFuzzProxy:
     @FUZZ
-    @given(_proxy_values())
+    @given(fuzz_proxy_values())
     # Once flagged as leaks although no password was given: a host spelled like the test password, a user
     # name spelled like it, and a host that lower-cases to a test password.
     @example("http://p%40ss:3128")
@@ -148,7 +89,7 @@ class TestFuzzProxy:
         assert not any(secret in redact_url(canonical) for secret in secrets)
 
     @FUZZ
-    @given(_TEXT, _urls(), st.booleans())
+    @given(FUZZ_TEXT, fuzz_urls(), st.booleans())
     def test_no_proxy_lists_never_crash(self, no_proxy: str, url: str, https: bool) -> None:
         """Any NO_PROXY list and URL give a proxy, None, or ProxyConfigError; loopback is never proxied."""
         proxy = "http://proxy.example:3128"
@@ -166,7 +107,7 @@ class TestFuzzProxy:
     @given(
         st.dictionaries(
             st.sampled_from(["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"]),
-            _proxy_values(),
+            fuzz_proxy_values(),
             max_size=4,
         ),
         st.dictionaries(st.sampled_from(["NO_PROXY", "no_proxy", "REQUEST_METHOD"]), st.text(max_size=20)),
@@ -183,7 +124,7 @@ class TestFuzzProxy:
 @pytest.mark.fuzz
 class TestFuzzConfig:
     @FUZZ
-    @given(_DOCUMENTS)
+    @given(FUZZ_CONFIG_DOCUMENTS)
     def test_config_documents_validate_or_name_a_key(self, document: dict[str, Any]) -> None:
         """Any document is accepted or refused with ConfigError/InvalidError; a ConfigError names its key."""
         _, error = _attempt(parse_config, document)
@@ -193,7 +134,7 @@ class TestFuzzConfig:
             assert any(key == k or key.startswith((f"{k}.", f"{k}[")) for k in document), key
 
     @FUZZ
-    @given(st.lists(_DOCUMENTS, max_size=2))
+    @given(st.lists(FUZZ_CONFIG_DOCUMENTS, max_size=2))
     def test_credentials_tables_validate_or_are_config_errors(self, tables: list[dict[str, Any]]) -> None:
         """Any [[credentials]] list is valid or a ConfigError naming credentials[i]."""
         _, error = _attempt(validate_credentials_config, tables)

@@ -28,15 +28,7 @@ from ckpt.domain.entries import Entry
 from ckpt.domain.errors import ExistsError, MalformedError, NotFoundError, StorageError
 from ckpt.domain.names import format_entry_name
 from support.faulty_syscalls import FaultySyscalls
-
-
-def make_save(root: Path, save: str, files: dict[str, bytes] | None = None) -> str:
-    path = root / save
-    path.mkdir(parents=True, exist_ok=True)
-    for name, data in (files or {"model.bin": b"weights"}).items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_bytes(data)
-    return str(path)
+from support.saves import make_save
 
 
 def snapshot(path: Path) -> dict[str, tuple[str, int, str]]:

@@ -1,8 +1,9 @@
 """Pin racing prune with several real processes, on POSIX and on S3 (moto's server with atomic conditional
 puts): a pin that succeeded never loses its entry or its folder.
 
-Whatever the interleaving, the outcome is checked against the rule (``ckpt.pins`` rule 2): every pin call
-that returned kept its entry and its save's folder, every pin call that raised left no pin behind, and a
+Whatever the interleaving, the outcome is checked against the rule (``ckpt.application.pins`` rule 2):
+every pin call that returned kept its entry and its save's folder, every pin call that raised left no pin
+behind, and a
 final prune leaves exactly the latest entry and the pinned ones. The processes start together on a "go"
 file; which pins win is up to the scheduler, the assertions hold for every outcome.
 """
@@ -24,7 +25,7 @@ import pytest
 from ckpt.adapters.posix import PosixStore
 from ckpt.adapters.s3 import S3Store
 from ckpt.domain.entries import Entry
-from s3_support import new_bucket_name, raw_client, serve_moto
+from support.s3 import new_bucket_name, raw_client, serve_moto
 
 POSIX_LAST = 40  # entries at steps 1..LAST; the pinners try every step but the last
 S3_LAST = 16  # fewer on moto, whose requests are slow

@@ -15,8 +15,8 @@ from ckpt.domain.errors import InvalidError, MalformedError, NotFoundError, Stor
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.retention import SKIP_PINNED, KeepReason, Kept
 from ckpt.testing import InMemoryStore
-from harness import Harness, MemoryHarness, PosixHarness
 from support.faulty_syscalls import FaultySyscalls
+from support.harness import Harness, MemoryHarness, PosixHarness
 
 EXEC = "exec/1.4101.0"
 

@@ -1,6 +1,6 @@
 """Crash rounds on POSIX: ``ckpt watch`` and a simulated trainer, both killed with SIGKILL at random moments.
 
-A trainer process (``support.posix_workers trainer``) writes tiny saves file by file into one execution's
+A trainer process (``support.trainer resumable``) writes tiny saves file by file into one execution's
 folder; a ``ckpt watch`` process publishes them. Round after round, at a random moment (mostly while the
 watcher scans and publishes, sometimes while it starts), the watcher, the trainer or both are killed with
 SIGKILL, and whatever was killed is started again: the watcher from scratch, the trainer with the save after
@@ -39,11 +39,12 @@ import pytest
 from ckpt.adapters.posix import PosixStore
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name, parse_entry_name
-from support.posix_workers import folder_of, manifest, read_files, step_of
+from support.saves import read_files
+from support.trainer import folder_of, manifest, step_of
 
 TESTS = Path(__file__).parent
 CKPT = [sys.executable, "-m", "ckpt"]
-TRAINER = [sys.executable, "-m", "support.posix_workers", "trainer"]
+TRAINER = [sys.executable, "-m", "support.trainer", "resumable"]
 ATTEMPT = "2.4102.0"
 EPOCH = 2_000_000
 ROUNDS = {"hf": 140, "dcp": 60}

@@ -28,6 +28,7 @@ from ckpt.domain.entries import Entry
 from ckpt.domain.errors import CkptError, ExistsError, StorageError
 from ckpt.domain.names import format_entry_name
 from support.faulty_syscalls import Call, FaultySyscalls
+from support.saves import make_save
 
 ERRORS = [errno.EIO, errno.ENOSPC, errno.EACCES, errno.EROFS]
 ERROR_IDS = [errno.errorcode[e] for e in ERRORS]
@@ -35,15 +36,6 @@ ERROR_IDS = [errno.errorcode[e] for e in ERRORS]
 SAVE = "exec/a/ck-1"
 ENTRY = Entry(1, 1, SAVE)
 ENTRY_NAME = format_entry_name(ENTRY)
-
-
-def make_save(root: Path, save: str, files: dict[str, bytes] | None = None) -> str:
-    path = root / save
-    path.mkdir(parents=True)
-    for name, data in (files or {"model.bin": b"weights"}).items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_bytes(data)
-    return str(path)
 
 
 def tree(path: Path) -> dict[str, str]:
@@ -315,14 +307,17 @@ PRUNE_CALLS = """
     readdir pub
     close pub
     open pins                       the plan: read pins/ (missing here: no pins)
-    open .                          the root, held for the whole prune
-    scandir .                       journals that earlier prunes left
+    open .                          journals that earlier prunes left
+    scandir .
     readdir .
-    open <journal>                  the journal of this prune: created, written, synced, and the root synced
+    close .
+    open .                          the journal of this prune: created, written, synced, and the root synced
+    open <journal>
     write <journal>
     fsync <journal>
     close <journal>
     fsync .
+    close .
     open pub                        the entries
     unlink pub/<entry>
     unlink pub/<entry-2>
@@ -333,6 +328,7 @@ PRUNE_CALLS = """
     scandir pub
     readdir pub
     close pub
+    open .                          the folders, removed relative to one descriptor of the root
     open exec                       ck-1: every element opened with O_NOFOLLOW
     open exec/a
     lstat exec/a/ck-1
@@ -373,7 +369,9 @@ PRUNE_CALLS = """
     fsync exec/a
     close exec/a
     close exec
-    unlink <journal>                the job is done
+    close .
+    open .                          the job is done: the journal goes
+    unlink <journal>
     fsync .
     close .
 """

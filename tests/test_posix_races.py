@@ -29,7 +29,8 @@ import pytest
 from ckpt.adapters.posix import PosixStore
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name
-from support.posix_workers import SAVE_FILES, read_files
+from support.posix_workers import SAVE_FILES
+from support.saves import make_save, read_files
 
 TESTS = Path(__file__).parent
 WORKERS = [sys.executable, "-m", "support.posix_workers"]
@@ -95,13 +96,6 @@ def run_together(processes: list[subprocess.Popen[str]]) -> list[tuple[int, str,
     return [collect(process) for process in processes]
 
 
-def make_save(root: Path, save: str) -> None:
-    folder = root / save
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, data in SAVE_FILES.items():
-        (folder / name).write_bytes(data)
-
-
 def overlapping_jobs() -> list[list[Triple]]:
     """The jobs of the 16 publishers: some triples shared by all, some by neighbours, some by one only.
 
@@ -135,7 +129,7 @@ class TestOverlappingPublishers:
         jobs = overlapping_jobs()
         union = sorted({triple for mine in jobs for triple in mine})
         for save in sorted({save for _, _, save in union}):
-            make_save(root, save)
+            make_save(root, save, SAVE_FILES)
         processes = []
         for w, mine in enumerate(jobs):
             job_file = tmp_path / f"jobs-{w}.json"
@@ -176,7 +170,7 @@ class TestOverlappingPublishers:
         """16 ``ckpt publish`` processes released at once on one entry: one exits 0, the others exit 4."""
         root = tmp_path / "root"
         root.mkdir()
-        make_save(root, "exec/cli/ck-7")
+        make_save(root, "exec/cli/ck-7", SAVE_FILES)
         argv = ["--root", str(root), "--json", "publish", "--epoch", "3", "--step", "7", "exec/cli/ck-7"]
         processes = [start_worker("cli-publish", *argv) for _ in range(PUBLISHERS)]
         finished = run_together(processes)

@@ -14,19 +14,15 @@ from typing import Any
 import pytest
 
 from ckpt.adapters.posix import PosixStore, Syscalls
+from ckpt.application.verify import resolve_verified
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import ExistsError, InvalidError, MalformedError, NotFoundError, StorageError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name
-from ckpt.verify import resolve_verified
+from ckpt.domain.ports import ProbesExclusiveCreate
+from ckpt.testing import InMemoryStore
 from support.faulty_syscalls import FaultySyscalls
-
-
-def make_save(root: Path, save: str) -> str:
-    path = root / save
-    path.mkdir(parents=True)
-    (path / "model.bin").write_bytes(b"weights")
-    return str(path)
+from support.saves import make_save
 
 
 @pytest.fixture
@@ -284,6 +280,20 @@ class TestFilesWhileTheSaveChanges:
     def test_a_save_that_is_gone_has_no_files(self, root: Path) -> None:
         """A save folder that no longer exists lists as empty."""
         assert PosixStore(str(root)).files(str(root / "exec/a/missing")) == []
+
+
+class TestExclusiveCreateProbe:
+    def test_the_probe_is_a_declared_capability_and_leaves_nothing(self, tmp_path: Path) -> None:
+        """PosixStore offers ProbesExclusiveCreate, as S3Store does; the probe passes and removes its file."""
+        store = PosixStore(str(tmp_path))
+        assert isinstance(store, ProbesExclusiveCreate)
+        probe = store.probe_exclusive_create()
+        assert (probe.honoured, probe.location.startswith(f"{tmp_path}/.ckpt-doctor-")) == (True, True)
+        assert os.listdir(tmp_path) == []
+
+    def test_the_in_memory_store_does_not_pretend_to_probe(self) -> None:
+        """A store without the capability is not mistaken for one that has it."""
+        assert not isinstance(InMemoryStore(), ProbesExclusiveCreate)
 
 
 def ckpt_cli(*args: str) -> subprocess.CompletedProcess[str]:

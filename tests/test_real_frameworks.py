@@ -20,10 +20,10 @@ from typing import IO, Any
 import pytest
 
 from ckpt.adapters.posix import PosixStore
+from ckpt.application.verify import read_markers, resolve_verified
+from ckpt.application.watcher import Watcher
 from ckpt.domain.entries import Entry
-from ckpt.domain.frameworks import Framework, check_markers
-from ckpt.verify import read_markers, resolve_verified
-from ckpt.watcher import Watcher
+from ckpt.domain.frameworks import Framework, markers_problem
 
 # Never reach a hub: the libraries read these when they are first imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -189,12 +189,12 @@ class TestHuggingFaceTrainer:
         assert resumed.state.global_step == 15
 
 
-RANKS_SCRIPT = os.path.join(os.path.dirname(__file__), "support_hf_ranks.py")
-RANKS_ATTEMPT = "1.4101.0"  # support_hf_ranks.ATTEMPT
+RANKS_SCRIPT = os.path.join(os.path.dirname(__file__), "support", "hf_ranks.py")
+RANKS_ATTEMPT = "1.4101.0"  # support.hf_ranks.ATTEMPT
 
 
 class TwoRankRuns:
-    """The two-process Trainer runner (``support_hf_ranks.py``) as a subprocess: one run per request."""
+    """The two-process Trainer runner (``support/hf_ranks.py``) as a subprocess: one run per request."""
 
     def __init__(self, out: Path) -> None:
         env = {
@@ -331,7 +331,7 @@ class TestHuggingFaceTrainerTwoRanks:
                 assert_loadable(folder, all_files)
             if (
                 not whole
-                and check_markers(Framework.HF, read_markers(store, Framework.HF, str(folder))) is None
+                and markers_problem(Framework.HF, read_markers(store, Framework.HF, str(folder))) is None
             ):
                 old_rule_passes.append(run_name)  # the rule without a world size would have published it
             # Verified resolve applies the same rule, even to a save that something else published.

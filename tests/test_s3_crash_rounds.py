@@ -1,7 +1,7 @@
 """Crash rounds on S3: ``ckpt watch`` and a simulated trainer killed with SIGKILL at random moments.
 
-A trainer (tests/support/s3_trainer.py) writes saves into a bucket on moto's server object by object, every
-kind of hf or dcp save, complete ones and ones that never complete. Meanwhile, round after round, a ``ckpt
+A trainer (``support.trainer s3``) writes saves into a bucket on moto's server object by object, every kind
+of hf or dcp save, complete ones and ones that never complete. Meanwhile, round after round, a ``ckpt
 watch`` process is started on the same execution (``--root s3://BUCKET --config FILE``, its ``[s3]`` table
 pointing at moto, its ``[proxy]`` table at a recording proxy, keys from the ``env`` credential source) and
 killed with SIGKILL after a random time: while starting, while learning the published entries, between
@@ -37,14 +37,14 @@ import pytest
 from ckpt.adapters.s3 import S3Store
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name
-from s3_support import new_bucket_name, raw_client
 from support.forward_proxy import ForwardProxy
+from support.s3 import new_bucket_name, raw_client
 
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).parent
 CKPT = [sys.executable, "-m", "ckpt"]
-TRAINER = [sys.executable, "-m", "support.s3_trainer"]
+TRAINER = [sys.executable, "-m", "support.trainer", "s3"]
 # One label, which only the proxy resolves (moto's server reads a dotted host's first label as a bucket).
 PROXIED_HOST = "s3-only-via-proxy"
 ATTEMPT = "2.4102.0"

@@ -28,7 +28,7 @@ import pytest
 from ckpt.adapters.s3 import S3Store
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name
-from s3_support import new_bucket_name, raw_client, serve_moto
+from support.s3 import new_bucket_name, raw_client, serve_moto
 from support.s3_processes import (
     SAVE_FILES,
     PruneJob,
@@ -40,6 +40,7 @@ from support.s3_processes import (
     publish_names,
     publish_new_saves,
 )
+from support.saves import put_save
 
 TESTS = Path(__file__).parent
 PUBLISHERS = 16
@@ -65,8 +66,7 @@ class Bucket:
         self.root = f"s3://{self.name}"
 
     def make_save(self, save: str) -> None:
-        for file, data in SAVE_FILES.items():
-            self.client.put_object(Bucket=self.name, Key=f"{save}/{file}", Body=data)
+        put_save(self.client, self.name, save, SAVE_FILES)
 
     def pub_sizes(self) -> dict[str, int]:
         found: dict[str, int] = {}

@@ -37,7 +37,7 @@ from ckpt.domain.errors import (
 )
 from ckpt.domain.names import format_entry_name
 from ckpt.store import open_store
-from s3_support import (
+from support.s3 import (
     FAKE_ENV,
     RequestLog,
     answer_instead,
@@ -440,8 +440,8 @@ class TestPrune:
         assert moto.keys(f"{base}exec/a/") == []
         assert moto.keys(f"{base}exec/b/") == [f"{base}exec/b/ck-0/model.bin"]
 
-    def test_a_dry_run_sends_only_the_listing(self, moto: InProcess) -> None:
-        """prune(dry_run=True) reads the log and the pins, and deletes nothing."""
+    def test_a_dry_run_sends_only_the_listings(self, moto: InProcess) -> None:
+        """prune(dry_run=True) reads the log and the journals, and writes and deletes nothing."""
         store, log, _client = moto.store()
         for step in (1, 2):
             moto.put(f"{ROOT_PREFIX}/exec/a/ck-{step}/model.bin")
@@ -449,7 +449,7 @@ class TestPrune:
         log.clear()
         result = store.prune(1, dry_run=True)
         assert [e.step for e in result.removed_entries] == [1]
-        assert log.operations() == ["ListObjectsV2"] * 2  # pub/, then pins/
+        assert log.operations() == ["ListObjectsV2"] * 3  # the log, the pins, then earlier journals
 
     def test_an_entry_published_during_the_prune_protects_its_folder(self, moto: InProcess) -> None:
         """The log is read again after the entry deletions: a folder a new entry names is skipped."""
@@ -520,6 +520,85 @@ class TestPrune:
         answer_instead(client, "DeleteObjects", 200, _refuse_every_key("NoSuchKey"), times=1)
         result = store.prune(1)
         assert [e.step for e in result.removed_entries] == [1]
+
+
+class TestPruneJournal:
+    def test_a_prune_writes_its_journal_first_and_drops_it_last(self, moto: InProcess) -> None:
+        """One PutObject of <prefix>.ckpt-prune-<hex> before any delete; one DeleteObject of it at the end."""
+        store, log, client = moto.store()
+        for step in (1, 2):
+            moto.put(f"{ROOT_PREFIX}/exec/a/ck-{step}/model.bin")
+            store.publish(1, step, store.location(Entry(1, step, f"exec/a/ck-{step}")))
+        journals: list[bytes] = []
+        client.meta.events.register(
+            "before-parameter-build.s3.PutObject", lambda params, **_: journals.append(params["Body"])
+        )
+        log.clear()
+        store.prune(1)
+        assert log.operations() == [
+            "ListObjectsV2",  # the plan
+            "ListObjectsV2",  # the pins for the plan: none
+            "ListObjectsV2",  # journals earlier prunes left: none
+            "PutObject",  # this prune's journal
+            "DeleteObjects",  # the entry
+            "ListObjectsV2",  # the re-read: the pins
+            "ListObjectsV2",  # the re-read: the entries
+            "ListObjectsV2",  # the folder's objects
+            "DeleteObjects",  # the folder
+            "DeleteObject",  # the journal
+        ]
+        assert journals == [b"ckpt prune journal 1\nexec/a/ck-1\nend\n"]
+        assert moto.keys(f"{ROOT_PREFIX}/.ckpt-prune-") == []
+
+    def test_a_failed_prune_leaks_no_folder_and_the_next_finishes(self, http: OverHttp) -> None:
+        """A prune failing after removing its entries leaves its journal; the next prune removes it."""
+        store, _log, client = http.store()
+        for step in (1, 2, 3):
+            http.put(f"exec/a/ck-{step}/model.bin")
+            store.publish(1, step, store.location(Entry(1, step, f"exec/a/ck-{step}")))
+        answer_instead(
+            client,
+            "DeleteObjects",
+            503,
+            error_body("ServiceUnavailable", "down"),
+            when=lambda request: b"exec/a/ck-1/" in request.body,
+        )
+        with pytest.raises(StorageError) as caught:
+            store.prune(1)
+        assert "the next prune removes them" in str(caught.value)
+        assert [e.step for e in store.entries()] == [3]  # the entries went before the folders
+        assert http.keys("exec/a/ck-1/") == ["exec/a/ck-1/model.bin"]
+        assert len(http.keys(".ckpt-prune-")) == 1
+        clean = S3Store(store.root, http.client)
+        result = clean.prune(1)
+        assert result.removed_entries == ()
+        # The failure stopped the removals at ck-1, so ck-2 was left too: the journal lists both.
+        assert result.removed_folders == tuple(clean.location(Entry(1, n, f"exec/a/ck-{n}")) for n in (1, 2))
+        assert http.keys("exec/a/ck-1/") == []
+        assert http.keys(".ckpt-prune-") == []
+
+    def test_a_folder_a_journal_lists_but_an_entry_needs_again_stays(self, moto: InProcess) -> None:
+        """A journal's folder published again since is neither removed nor reported; the journal goes."""
+        store, _log, _client = moto.store()
+        moto.put(f"{ROOT_PREFIX}/exec/a/ck-1/model.bin")
+        moto.put(f"{ROOT_PREFIX}/.ckpt-prune-0123456789abcdef", b"ckpt prune journal 1\nexec/a/ck-1\nend\n")
+        store.publish(1, 1, store.location(Entry(1, 1, "exec/a/ck-1")))
+        result = store.prune(1)
+        assert (result.removed_folders, result.skipped) == ((), ())
+        assert moto.keys(f"{ROOT_PREFIX}/exec/a/ck-1/") == [f"{ROOT_PREFIX}/exec/a/ck-1/model.bin"]
+        assert moto.keys(f"{ROOT_PREFIX}/.ckpt-prune-") == []
+
+    def test_a_malformed_journal_stops_the_prune_naming_it(self, moto: InProcess) -> None:
+        """A finished journal that does not parse is MalformedError naming its URL; nothing is removed."""
+        store, _log, _client = moto.store()
+        for step in (1, 2):
+            moto.put(f"{ROOT_PREFIX}/exec/a/ck-{step}/model.bin")
+            store.publish(1, step, store.location(Entry(1, step, f"exec/a/ck-{step}")))
+        key = f"{ROOT_PREFIX}/.ckpt-prune-0123456789abcdef"
+        moto.put(key, b"ckpt prune journal 1\n../../etc\nend\n")
+        with pytest.raises(MalformedError, match=re.escape(f"s3://{moto.bucket}/{key}")):
+            store.prune(1)
+        assert len(store.entries()) == 2
 
 
 def _refuse_every_key(code: str) -> Any:

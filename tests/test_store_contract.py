@@ -1,8 +1,8 @@
 """The store contract (SPEC §4), written once and run against every store implementation.
 
-The ``harness`` fixture (tests/conftest.py) builds a fresh root on each storage: the in-memory fake, a real
-POSIX directory, and S3 through moto (in-process and over HTTP). The harness arranges trees beside the store,
-so what is checked is what the store itself reads and writes.
+The ``harness`` fixture (tests/support/fixtures.py) builds a fresh root on each storage: the in-memory fake, a
+real POSIX directory, and S3 through moto (in-process and over HTTP). The harness arranges trees beside the
+store, so what is checked is what the store itself reads and writes.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import ckpt
+from ckpt.application.verify import resolve_verified
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import (
     CkptError,
@@ -26,8 +27,7 @@ from ckpt.domain.errors import (
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.saves import MAX_READ_BYTES, too_large
-from ckpt.verify import resolve_verified
-from harness import Harness
+from support.harness import Harness
 
 EXEC_A = "exec/1.4101.0"
 EXEC_B = "exec/2.4102.0"

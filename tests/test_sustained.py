@@ -25,7 +25,7 @@ import pytest
 
 from ckpt.adapters.posix import PosixStore
 from ckpt.domain.entries import Entry
-from support_trainer import SaveSpec, SimulatedTrainer
+from support.trainer import SaveSpec, SimulatedTrainer
 
 DURATION = float(os.environ.get("CKPT_SUSTAINED_SECONDS", "180"))
 EXECUTIONS = [("1.100.0", 1_000), ("1.100.1", 1_000), ("2.200.0", 2_000), ("2.200.1", 2_000)]

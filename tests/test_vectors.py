@@ -28,13 +28,26 @@ from ckpt.domain.entries import (
     validate_save,
 )
 from ckpt.domain.errors import InvalidError, MalformedError
-from ckpt.domain.names import format_entry_name, latest_entry_name, parse_entry_name, parse_entry_names
-from ckpt.domain.prune import Overlap, overlaps, plan_prune
+from ckpt.domain.journal import format_journal, parse_journal
+from ckpt.domain.names import format_entry_name, latest_entry_of_names, parse_entry_name, parse_entry_names
+from ckpt.domain.prune import Overlap, overlaps, plan_prune, recheck_folders
+from ckpt.domain.s3_root import parse_s3_root
 
 Case = dict[str, Any]
 
 VECTORS = Path(__file__).parent / "vectors"
-VECTOR_FILES = ("names", "numbers", "saves", "attempts", "order", "overlap", "prune")
+VECTOR_FILES = (
+    "names",
+    "numbers",
+    "saves",
+    "attempts",
+    "order",
+    "overlap",
+    "prune",
+    "prune_recheck",
+    "journal",
+    "s3_roots",
+)
 CASE_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 # Vector cases the implementation is known to get wrong, "<file>/<case id>" -> the bug. They run as strict
@@ -143,7 +156,9 @@ class TestVectorFiles:
         assert bad == []
         assert duplicates == []
 
-    @pytest.mark.parametrize("stem", ["names", "numbers", "saves", "attempts", "prune"])
+    @pytest.mark.parametrize(
+        "stem", ["names", "numbers", "saves", "attempts", "prune", "journal", "s3_roots"]
+    )
     def test_invalid_cases_carry_a_reason_and_a_note(self, stem: str) -> None:
         """Every invalid case has a kebab-case reason code and a human note."""
         invalid = [case for case in load(stem)["cases"] if case["valid"] is False]
@@ -279,36 +294,42 @@ class TestParseEntryNames:
             assert malformed_name(lambda listing=listing: parse_entry_names(listing)) == first
 
 
-class TestLatestEntryName:
-    """``latest_entry_name``, the bulk path of ``resolve``, on ``names.json`` and ``order.json``."""
+class TestLatestEntryOfNames:
+    """``latest_entry_of_names``, the bulk path of ``resolve``, on ``names.json`` and ``order.json``."""
 
     @pytest.mark.parametrize("case", cases("names", valid=True))
     def test_valid_name_alone(self, case: Case) -> None:
         """A listing of one valid name gives its entry."""
-        assert latest_entry_name([case["name"]]) == expected_entry(case)
+        assert latest_entry_of_names([case["name"]]) == expected_entry(case)
 
     def test_all_valid_names_together(self) -> None:
         """A listing of every valid name gives the greatest entry."""
         expected = max((expected_entry(p.values[0]) for p in cases("names", valid=True)), key=lambda e: e.key)
-        assert latest_entry_name(valid_names()) == expected
-        assert latest_entry_name(valid_names()[::-1]) == expected
+        assert latest_entry_of_names(valid_names()) == expected
+        assert latest_entry_of_names(valid_names()[::-1]) == expected
 
     def test_empty_listing(self) -> None:
         """An empty listing has no latest entry."""
-        assert latest_entry_name([]) is None
+        assert latest_entry_of_names([]) is None
+
+    def test_the_old_name_is_the_same_function(self) -> None:
+        """``latest_entry_name``, the old name (it returns an entry, not a name), stays as an alias."""
+        from ckpt.domain import names
+
+        assert names.latest_entry_name is latest_entry_of_names
 
     @pytest.mark.parametrize("position", POSITIONS)
     @pytest.mark.parametrize("case", cases("names", valid=False))
     def test_invalid_name_among_valid_ones(self, case: Case, position: str) -> None:
         """One invalid name among valid ones raises MalformedError naming it, wherever it sorts."""
         listing = insert_at(valid_names(), case["name"], position)
-        assert malformed_name(lambda: latest_entry_name(listing)) == case["name"]
+        assert malformed_name(lambda: latest_entry_of_names(listing)) == case["name"]
 
     @pytest.mark.parametrize("case", cases("order"))
     def test_latest_of_order_case(self, case: Case) -> None:
         """The latest entry of a listing is the last of the expected ascending order."""
         names = [format_entry_name(entry_of(e)) for e in case["entries"]]
-        assert latest_entry_name(names) == entry_of(case["ascending"][-1])
+        assert latest_entry_of_names(names) == entry_of(case["ascending"][-1])
 
 
 @pytest.mark.parametrize("parse", [parse_epoch, parse_step], ids=["epoch", "step"])
@@ -435,3 +456,56 @@ class TestPlanPrune:
         """A keep below 1 raises InvalidError."""
         with pytest.raises(InvalidError):
             plan_prune([entry_of(e) for e in case["entries"]], case["keep"])
+
+
+class TestRecheckFolders:
+    """``recheck_folders`` on ``prune_recheck.json``."""
+
+    @pytest.mark.parametrize("case", cases("prune_recheck"))
+    def test_recheck(self, case: Case) -> None:
+        """The folders still removed and the planned folders skipped, with their reasons, are the vector's."""
+        check = recheck_folders(case["planned"], case["left"], case["saves"])
+        assert list(check.remove) == case["remove"]
+        assert [list(skip) for skip in check.skipped] == case["skipped"]
+
+
+# Journals that a writer produces (the others are unfinished files only a reader meets).
+JOURNAL_FORMAT_CASES = [c for c in cases("journal", valid=True) if "parse_only" not in c.values[0]]
+
+
+class TestPruneJournal:
+    """``format_journal`` and ``parse_journal`` on ``journal.json``."""
+
+    @pytest.mark.parametrize("case", JOURNAL_FORMAT_CASES)
+    def test_format(self, case: Case) -> None:
+        """A journal is written byte for byte as the vector says."""
+        assert format_journal(case["folders"]) == case["text"].encode("utf-8")
+
+    @pytest.mark.parametrize("case", cases("journal", valid=True))
+    def test_parse(self, case: Case) -> None:
+        """A journal lists the vector's folders; an unfinished one lists none."""
+        assert parse_journal("j", case["text"].encode("utf-8")) == case["folders"]
+
+    @pytest.mark.parametrize("case", cases("journal", valid=False))
+    def test_refused(self, case: Case) -> None:
+        """A finished journal with a bad header or folder is MalformedError naming the journal."""
+        with pytest.raises(MalformedError, match=re.escape("/root/.ckpt-prune-0")):
+            parse_journal("/root/.ckpt-prune-0", case["text"].encode("utf-8"))
+
+
+class TestS3Roots:
+    """``parse_s3_root`` on ``s3_roots.json``."""
+
+    @pytest.mark.parametrize("case", cases("s3_roots", valid=True))
+    def test_parse(self, case: Case) -> None:
+        """A valid root gives the vector's bucket, prefix and canonical URL."""
+        root = parse_s3_root(case["root"])
+        assert (root.bucket, root.prefix, root.url) == (case["bucket"], case["prefix"], case["url"])
+
+    @pytest.mark.parametrize("case", cases("s3_roots", valid=False))
+    def test_refused(self, case: Case) -> None:
+        """An invalid root is InvalidError, and its message never shows user-info."""
+        with pytest.raises(InvalidError) as caught:
+            parse_s3_root(case["root"])
+        if "secret" in case:
+            assert case["secret"] not in str(caught.value)

@@ -1,4 +1,4 @@
-"""Verified resolve (``ckpt.verify.resolve_verified``) on every store the harness builds."""
+"""Verified resolve (``ckpt.application.verify.resolve_verified``) on every store the harness builds."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from ckpt.adapters.posix import PosixStore
+from ckpt.application.verify import Verified, read_markers, resolve_verified
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import MalformedError
 from ckpt.domain.frameworks import Framework
-from ckpt.verify import Verified, read_markers, resolve_verified
-from harness import Harness
-from support_trainer import rng_state_bytes
+from support.harness import Harness
+from support.trainer import rng_state_bytes
 
 HF, DCP = Framework.HF, Framework.DCP
 EXEC = "exec/1.4101.0"

@@ -20,10 +20,11 @@ import pytest
 
 from ckpt.adapters.posix import PosixStore
 from ckpt.domain.names import format_entry_name
-from support_trainer import complete_folders, dcp_plan, hf_plan
+from support import module_command, subprocess_env
+from support.trainer import complete_folders, dcp_plan, hf_plan
 
 CKPT = [sys.executable, "-m", "ckpt"]
-TRAINER = [sys.executable, os.path.join(os.path.dirname(__file__), "support_trainer.py")]
+TRAINER = module_command("support.trainer", "posix")
 ATTEMPT = "2.4102.0"
 EPOCH = "2000000"
 STATE = b'{"global_step": 5}'
@@ -461,7 +462,8 @@ def trainer_run(root: Path, tmp_path: Path) -> Iterator[Any]:
                 str(gap),
                 "--rounds",
                 str(rounds),
-            ]
+            ],
+            env=subprocess_env(),
         )
         processes.append(process)
         return process, events

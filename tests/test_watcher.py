@@ -1,4 +1,4 @@
-"""The watcher (``ckpt.watcher.Watcher``): scan and watch semantics on the in-memory, POSIX and S3 stores."""
+"""The watcher (``ckpt.Watcher``): scan and watch semantics on the in-memory, POSIX and S3 stores."""
 
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ import pytest
 
 from ckpt.adapters.posix import PosixStore
 from ckpt.adapters.s3 import open_s3_store
+from ckpt.application.verify import resolve_verified
+from ckpt.application.watcher import Watcher
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import InvalidError, MalformedError, NotFoundError, ScanTimeoutError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, WatchStore
 from ckpt.testing import InMemoryStore
-from ckpt.verify import resolve_verified
-from ckpt.watcher import Watcher
-from harness import Harness
-from s3_support import FAKE_ENV, RequestLog, S3Harness, http_settings, isolate_from_aws_environment
-from support_trainer import SimulatedTrainer, complete_folders, dcp_plan, hf_plan, rng_state_bytes
+from support.harness import Harness
+from support.s3 import FAKE_ENV, RequestLog, S3Harness, http_settings, isolate_from_aws_environment
+from support.trainer import SimulatedTrainer, complete_folders, dcp_plan, hf_plan, rng_state_bytes
 
 HF, DCP = Framework.HF, Framework.DCP
 ATTEMPT = "1.4101.0"

@@ -34,13 +34,13 @@ from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
 from ckpt.store import open_store
 
 if TYPE_CHECKING:
+    from ckpt.application.following import follow
+    from ckpt.application.verify import Verified, resolve_verified
+    from ckpt.application.watcher import Watcher
     from ckpt.domain.follow import Followed
     from ckpt.domain.frameworks import Framework, parse_framework
     from ckpt.domain.proxy import ProxyRule
     from ckpt.domain.retention import KeepReason, Kept, RetentionPlan, plan_retention
-    from ckpt.following import follow
-    from ckpt.verify import Verified, resolve_verified
-    from ckpt.watcher import Watcher
 
 __all__ = [
     "CkptError",
@@ -97,10 +97,10 @@ _LAZY = {
     "ProxyRule": "ckpt.domain.proxy",
     "Framework": "ckpt.domain.frameworks",
     "parse_framework": "ckpt.domain.frameworks",
-    "Watcher": "ckpt.watcher",
-    "Verified": "ckpt.verify",
-    "resolve_verified": "ckpt.verify",
-    "follow": "ckpt.following",
+    "Watcher": "ckpt.application.watcher",
+    "Verified": "ckpt.application.verify",
+    "resolve_verified": "ckpt.application.verify",
+    "follow": "ckpt.application.following",
     "KeepReason": "ckpt.domain.retention",
     "Kept": "ckpt.domain.retention",
     "RetentionPlan": "ckpt.domain.retention",

@@ -1,6 +1,6 @@
 """Hypothesis profiles: the default run is deterministic, ``python3 dev.py fuzz`` explores (ADR 0009).
 
-- ``ci`` is loaded by ``tests/conftest.py`` for every run, so ``python3 dev.py test`` draws the same
+- ``ci`` is loaded by ``tests/support/fixtures.py`` for every run, so ``python3 dev.py test`` draws the same
   examples on every machine and every time: derandomized, no example database, no deadline (a loaded
   2-core machine is not a bug), and the reproduction blob printed with any failure.
 - ``fuzz`` (``--hypothesis-profile=fuzz``, what ``python3 dev.py fuzz`` passes) draws with random seeds and

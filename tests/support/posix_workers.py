@@ -1,10 +1,9 @@
-"""Code the POSIX crash and race tests run in child processes: a resumable trainer, publishers, a pruner.
+"""Code the POSIX race tests run in child processes: publishers and a pruner.
+
+The POSIX crash rounds' trainer is ``support.trainer``'s ``resumable`` one.
 
 Run from ``tests/`` as ``python -m support.posix_workers COMMAND ...`` (the tests do so with ``cwd``):
 
-* ``trainer``: writes saves file by file into ``--saves`` until killed or ``--count`` saves are written.
-  Started again after a SIGKILL, it reads its events file and goes on with the save after the last one it
-  began, so the save it was killed in stays half-written forever (see *Saves* below).
 * ``publish``: publishes a list of ``(epoch, step, save)`` jobs once every worker is ready, and reports each
   attempt's outcome.
 * ``cli-publish``: runs ``ckpt``'s own ``main`` with the given arguments once every worker is ready, and exits
@@ -16,23 +15,6 @@ Run from ``tests/`` as ``python -m support.posix_workers COMMAND ...`` (the test
 Barrier: ``publish`` and ``cli-publish`` workers import ``ckpt``, open their store, print ``ready`` and block
 on a line from stdin; the parent writes ``go`` to all of them once every one is ready. Race workers never
 raise: they report what happened as one JSON document on stdout, so the parent can count and compare.
-
-Saves (``trainer``): the save at plan index ``i`` has step ``10 * (i + 1)``. Every kind completes with one
-last operation, before which the framework's markers say "incomplete"; a save killed at any point before it
-can therefore never be judged complete by the marker rule:
-
-* ``hf`` ``state_last``: every rank's file, then ``trainer_state.json`` in two halves (a reader can see
-  invalid JSON in between); the second half completes it.
-* ``hf`` ``sentinel``: ``checkpoint-is-incomplete.txt`` first; ``trainer_state.json`` mid-way, a late rank
-  still writing after it; removing the sentinel completes it.
-* ``hf`` ``staged``: written as ``tmp-checkpoint-<step>`` (not a save name), renamed into place at the end.
-* ``dcp`` ``plain``: two rank shards in chunks, ``.metadata.tmp``, then the rename to ``.metadata``.
-
-A complete save holds exactly :func:`manifest` (names and bytes). The trainer never touches a save again once
-it is complete. Events, one JSON line per ``write`` (a kill never leaves half a line): ``{"index", "save",
-"kind", "started"}`` before the first write of a save, ``{"index", "completing_at"}`` just before the
-operation that completes it (so it was not complete before that time), ``{"index", "complete_at"}`` after
-it, and ``{"finished": true}`` when ``--count`` saves are written. Times are ``time.time()``.
 """
 
 from __future__ import annotations
@@ -43,213 +25,15 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "HF_KINDS",
-    "SAVE_FILES",
-    "folder_of",
-    "kind_of",
-    "manifest",
-    "read_files",
-    "step_of",
-]
+from support.saves import make_save, read_files
 
-TRAINER_STATE = "trainer_state.json"
-SENTINEL = "checkpoint-is-incomplete.txt"
-HF_KINDS = ("state_last", "sentinel", "staged")
-CHUNK = 64  # bytes per write: tiny saves keep the rounds fast
+__all__ = ["SAVE_FILES", "main"]
+
 # The files of every save the prune race publishes; the checks look for all of them, byte for byte.
 SAVE_FILES: dict[str, bytes] = {"model.safetensors": b"w" * 96, "optimizer.pt": b"o" * 48}
-
-
-# -- the trainer's saves ----------------------------------------------------------------------------------
-
-
-def step_of(index: int) -> int:
-    """The step of the save at plan index ``index``."""
-    return 10 * (index + 1)
-
-
-def kind_of(framework: str, index: int) -> str:
-    """The kind of the save at plan index ``index``."""
-    return HF_KINDS[index % len(HF_KINDS)] if framework == "hf" else "plain"
-
-
-def folder_of(framework: str, index: int) -> str:
-    """The folder name the save at ``index`` has once complete (``checkpoint-<step>`` / ``step-<step>``)."""
-    return f"checkpoint-{step_of(index)}" if framework == "hf" else f"step-{step_of(index)}"
-
-
-def _pattern(name: str, size: int, step: int) -> bytes:
-    """The bytes of file ``name`` of the save at ``step``: distinct per file and per save."""
-    seed = sum(name.encode()) + step
-    return bytes((seed + i) % 251 for i in range(size))
-
-
-def _state(step: int) -> bytes:
-    return json.dumps({"global_step": step, "log_history": [{"loss": 0.5, "step": step}]}).encode()
-
-
-def _sizes(framework: str) -> dict[str, int]:
-    if framework == "hf":
-        return {"config.json": 0, "model.safetensors": 4 * CHUNK, "rng_state_1.pth": 3 * CHUNK,
-                "optimizer.pt": 2 * CHUNK}  # fmt: skip
-    return {"__0_0.distcp": 3 * CHUNK, "__1_0.distcp": 3 * CHUNK}
-
-
-def manifest(framework: str, index: int) -> dict[str, bytes]:
-    """Every file of the complete save at ``index``, by path inside the save, with its exact bytes."""
-    step = step_of(index)
-    files = {name: _pattern(name, size, step) for name, size in _sizes(framework).items()}
-    if framework == "hf":
-        files["config.json"] = b'{"model_type": "gpt2"}'
-        files[TRAINER_STATE] = _state(step)
-    else:
-        files[".metadata"] = b"pickled metadata %d" % step
-    return files
-
-
-def read_files(folder: Path) -> dict[str, bytes]:
-    """Every regular file under ``folder``, by path relative to it, with its bytes (``{}`` if missing)."""
-    files: dict[str, bytes] = {}
-    for dirpath, _dirnames, filenames in os.walk(folder):
-        for name in filenames:
-            path = Path(dirpath, name)
-            try:
-                files[path.relative_to(folder).as_posix()] = path.read_bytes()
-            except FileNotFoundError:
-                files[path.relative_to(folder).as_posix()] = b"<vanished while read>"
-    return files
-
-
-class ResumableTrainer:
-    """Writes the plan's saves, ``pace`` seconds between writes and ``gap`` between saves."""
-
-    def __init__(self, framework: str, saves: str, events: str, *, pace: float, gap: float) -> None:
-        self.framework = framework
-        self.saves = saves
-        self.events = events
-        self.pace = pace
-        self.gap = gap
-
-    def _event(self, **document: object) -> None:
-        fd = os.open(self.events, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, (json.dumps(document) + "\n").encode())
-        finally:
-            os.close(fd)
-
-    def _tick(self) -> None:
-        time.sleep(self.pace)
-
-    def _grow(self, path: str, data: bytes) -> None:
-        """Append ``data`` a chunk at a time, each chunk visible before the next."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            for offset in range(0, len(data), CHUNK):
-                os.write(fd, data[offset : offset + CHUNK])
-                self._tick()
-        finally:
-            os.close(fd)
-
-    def _put(self, path: str, data: bytes) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        self._tick()
-
-    def _half_state(self, path: str, state: bytes) -> Callable[[], None]:
-        """Write the first half of ``trainer_state.json``; return what writes the second half."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        half = len(state) // 2
-        os.write(fd, state[:half])
-        self._tick()
-
-        def finish() -> None:
-            try:
-                os.write(fd, state[half:])
-            finally:
-                os.close(fd)
-
-        return finish
-
-    def write(self, index: int) -> None:
-        """Write the save at plan index ``index``, recording when it starts, is completing and is complete."""
-        kind, name = kind_of(self.framework, index), folder_of(self.framework, index)
-        self._event(index=index, save=name, kind=kind, started=time.time())
-        files = manifest(self.framework, index)
-        if self.framework == "dcp":
-            complete = self._write_dcp(name, files)
-        elif kind == "state_last":
-            complete = self._write_state_last(name, files)
-        elif kind == "sentinel":
-            complete = self._write_sentinel(name, files)
-        else:
-            complete = self._write_staged(name, files)
-        self._tick()
-        self._event(index=index, completing_at=time.time())
-        complete()
-        self._event(index=index, complete_at=time.time())
-
-    def _ranks(self, folder: str, files: dict[str, bytes], names: tuple[str, ...]) -> None:
-        for name in names:
-            self._grow(os.path.join(folder, name), files[name])
-
-    def _write_state_last(self, name: str, files: dict[str, bytes]) -> Callable[[], None]:
-        folder = os.path.join(self.saves, name)
-        os.makedirs(folder)
-        self._put(os.path.join(folder, "config.json"), files["config.json"])
-        self._ranks(folder, files, ("model.safetensors", "rng_state_1.pth", "optimizer.pt"))
-        return self._half_state(os.path.join(folder, TRAINER_STATE), files[TRAINER_STATE])
-
-    def _write_sentinel(self, name: str, files: dict[str, bytes]) -> Callable[[], None]:
-        folder = os.path.join(self.saves, name)
-        os.makedirs(folder)
-        self._put(os.path.join(folder, SENTINEL), b"")
-        self._put(os.path.join(folder, "config.json"), files["config.json"])
-        self._ranks(folder, files, ("model.safetensors",))
-        self._half_state(os.path.join(folder, TRAINER_STATE), files[TRAINER_STATE])()
-        self._tick()
-        self._ranks(folder, files, ("rng_state_1.pth", "optimizer.pt"))  # late ranks
-        return lambda: os.unlink(os.path.join(folder, SENTINEL))
-
-    def _write_staged(self, name: str, files: dict[str, bytes]) -> Callable[[], None]:
-        staging = os.path.join(self.saves, f"tmp-{name}")
-        os.makedirs(staging)
-        self._put(os.path.join(staging, "config.json"), files["config.json"])
-        self._ranks(staging, files, ("model.safetensors",))
-        self._half_state(os.path.join(staging, TRAINER_STATE), files[TRAINER_STATE])()
-        self._ranks(staging, files, ("rng_state_1.pth", "optimizer.pt"))
-        return lambda: os.rename(staging, os.path.join(self.saves, name))
-
-    def _write_dcp(self, name: str, files: dict[str, bytes]) -> Callable[[], None]:
-        folder = os.path.join(self.saves, name)
-        os.makedirs(folder)
-        self._ranks(folder, files, ("__0_0.distcp", "__1_0.distcp"))
-        self._put(os.path.join(folder, ".metadata.tmp"), files[".metadata"])
-        return lambda: os.rename(os.path.join(folder, ".metadata.tmp"), os.path.join(folder, ".metadata"))
-
-    def next_index(self) -> int:
-        """The plan index after the last save begun (0 for a fresh start): a killed save is never resumed."""
-        try:
-            with open(self.events) as f:
-                started = [json.loads(line).get("index", -1) for line in f if '"started"' in line]
-        except FileNotFoundError:
-            return 0
-        return max(started, default=-1) + 1
-
-    def run(self, count: int) -> None:
-        """Write saves from :meth:`next_index` until ``count`` saves exist in the plan, then record it."""
-        os.makedirs(self.saves, exist_ok=True)
-        for index in range(self.next_index(), count):
-            self.write(index)
-            time.sleep(self.gap)
-        self._event(finished=True)
 
 
 # -- race workers ---------------------------------------------------------------------------------------
@@ -316,13 +100,10 @@ def publish_new_saves(root: str, worker: int, workers: int, count: int, seed: in
     errors: list[str] = []
     for i in range(count):
         save = f"exec/w{worker}/ck-{i}"
-        folder = Path(root, save)
-        folder.mkdir(parents=True)
-        for name, data in SAVE_FILES.items():
-            (folder / name).write_bytes(data)
+        folder = make_save(root, save, SAVE_FILES)
         epoch = 1 if i < count // 2 else 2
         try:
-            entry = store.publish(epoch, i * workers + worker, str(folder))
+            entry = store.publish(epoch, i * workers + worker, folder)
         except Exception as exc:  # reported to the parent, which fails the test with it
             errors.append(f"{save}: {exc!r}")
         else:
@@ -394,13 +175,6 @@ def main(argv: list[str] | None = None) -> int:
         return cli_publish(arguments[1:])  # ckpt's own options follow: argparse must not see them
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    trainer = commands.add_parser("trainer")
-    trainer.add_argument("--framework", choices=("hf", "dcp"), required=True)
-    trainer.add_argument("--saves", required=True)
-    trainer.add_argument("--events", required=True)
-    trainer.add_argument("--pace", type=float, default=0.004)
-    trainer.add_argument("--gap", type=float, default=0.01)
-    trainer.add_argument("--count", type=int, default=100_000)
     publish = commands.add_parser("publish")
     publish.add_argument("--root", required=True)
     publish.add_argument("--jobs", required=True, help="a JSON file: a list of [epoch, step, save]")
@@ -418,11 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(arguments)
 
     report: dict[str, Any]
-    if args.command == "trainer":
-        ResumableTrainer(args.framework, args.saves, args.events, pace=args.pace, gap=args.gap).run(
-            args.count
-        )
-        return 0
     if args.command == "publish":
         report = publish_jobs(args.root, json.loads(Path(args.jobs).read_text()))
     elif args.command == "publish-new":

@@ -165,9 +165,9 @@ def _cmd_resolve(ctx: Context) -> int:
     store = ctx.store()
     skipped: list[dict[str, Any]] = []
     if ctx.args.framework:
+        from ckpt.application.verify import resolve_verified
         from ckpt.cli.output import entry_document
         from ckpt.domain.frameworks import parse_framework, parse_world_size
-        from ckpt.verify import resolve_verified
 
         # The world size of the run that *wrote* the saves: given explicitly, never taken from WORLD_SIZE,
         # which describes the resuming run (docs/adr/0008-watcher.md).
@@ -284,7 +284,7 @@ def _cmd_pin(ctx: Context) -> int:
     for entry in chosen:
         try:
             created = store.pin(entry)
-        except NotFoundError as exc:  # a prune removed it meanwhile (ckpt.pins rule 2)
+        except NotFoundError as exc:  # a prune removed it meanwhile (ckpt.application.pins rule 2)
             ctx.warn(str(exc))
             return EXIT_NOTHING
         documents.append({**entry_document(store, entry), "already_pinned": not created})

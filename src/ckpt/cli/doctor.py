@@ -81,7 +81,11 @@ def _check_proxy(store: S3Store) -> tuple[bool, str]:
     return ok, "; ".join(lines)
 
 
-def _probe_s3(store: S3Store) -> tuple[bool, str]:
+def _probe(store: object) -> tuple[bool, str]:
+    from ckpt.domain.ports import ProbesExclusiveCreate
+
+    if not isinstance(store, ProbesExclusiveCreate):
+        return False, "this store cannot probe exclusive create"
     probe = store.probe_exclusive_create()
     return probe.honoured, probe.detail
 
@@ -111,14 +115,9 @@ def _checks(ctx: Context) -> list[tuple[str, bool, str]]:
             check("credentials", lambda: _describe_credentials(s3_store))
         check("proxy", lambda: _check_proxy(s3_store))
         if root_ok:
-            check("exclusive-create", lambda: _probe_s3(s3_store))
-    elif not root_ok:
-        return results
-    else:
-        from ckpt.adapters.posix import PosixStore, probe_exclusive_create
-
-        assert isinstance(store, PosixStore)
-        check("exclusive-create", lambda: probe_exclusive_create(store))
+            check("exclusive-create", lambda: _probe(s3_store))
+    elif root_ok:
+        check("exclusive-create", lambda: _probe(store))
     return results
 
 

@@ -71,8 +71,8 @@ def _handle(ctx: Any) -> int:
 
 def run(ctx: Any, stop: threading.Event) -> int:
     """Follow the store of ``ctx`` (``ckpt.cli.Context``) until ``stop`` is set; return the exit code."""
+    from ckpt.application.following import DEFAULT_INTERVAL, DEFAULT_SCAN_TIMEOUT, follow
     from ckpt.cli.output import entry_document, entry_line, json_text
-    from ckpt.following import DEFAULT_INTERVAL, DEFAULT_SCAN_TIMEOUT, follow
 
     args = ctx.args
     interval = (

@@ -201,7 +201,7 @@ def run(
     Returns 0 when the watch ends normally (stopped by a signal, or ``--once``). Invalid arguments raise
     ``InvalidError``; a failed or timed-out scan raises its error (rules 3, 4).
     """
-    from ckpt.watcher import Watcher  # imported here: keeps ``ckpt --help`` light
+    from ckpt.application.watcher import Watcher  # imported here: keeps ``ckpt --help`` light
 
     env = os.environ if environ is None else environ
     framework = parse_framework(args.framework)

@@ -5,8 +5,10 @@ botocore looks at ``AWS_*`` variables, ``~/.aws/credentials`` and ``~/.aws/confi
 one place where ``ckpt`` lets botocore read the ambient environment, on purpose: it is what the operator
 asked for by listing it (and what an empty chain means, SPEC §6).
 
-Rules: botocore is imported lazily. One botocore session is kept for the source's life, so botocore's own
-refreshable credentials (instance profile, web identity) refresh themselves between our fetches. botocore
+Rules: botocore is imported lazily. A botocore session is kept while it holds refreshable credentials
+(instance profile, web identity, SSO), so that they refresh themselves between our fetches; a session
+holding static keys (``AWS_*`` variables, the shared credentials file) is dropped after the fetch, because
+botocore would return those keys forever and a rotated file would never be read again. botocore
 finding nothing is *absent*; any botocore error is *broken*, reported by its type (plus the message of the
 few errors known to carry no secret: a missing profile, a partial key pair).
 """
@@ -38,6 +40,7 @@ class AwsDefaultSource:
 
     def fetch(self) -> Credentials | None:
         """Ask botocore's chain now; ``None`` when it finds nothing."""
+        import botocore.credentials
         import botocore.exceptions
         import botocore.session
 
@@ -48,6 +51,8 @@ class AwsDefaultSource:
                     self._session = botocore.session.Session()
                 found = self._session.get_credentials()
                 frozen = None if found is None else found.get_frozen_credentials()
+                if not isinstance(found, botocore.credentials.RefreshableCredentials):
+                    self._session = None  # static keys (or none): read the chain afresh next time
             except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
                 kind = type(exc).__name__
                 detail = f": {exc}" if kind in _SAFE_MESSAGES else ""

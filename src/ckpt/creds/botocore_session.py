@@ -7,9 +7,10 @@ Rules for this module:
   ``os.devnull``, configured endpoint URLs are ignored). So ``AWS_PROFILE``, ``AWS_DEFAULT_REGION``,
   ``AWS_ENDPOINT_URL_S3``, ``AWS_CA_BUNDLE`` or a ``[profile]`` in ``~/.aws/config`` cannot redirect, re-key
   or weaken signed requests. Region, endpoint, CA bundle and proxies are passed explicitly by the S3
-  adapter (``create_s3_client`` insists on explicit proxies, then routes every request by the proxy
-  rule). ``BOTOCORE_EXPERIMENTAL__PLUGINS`` is the one
-  ambient knob botocore offers no way to switch off per session.
+  adapter (``ckpt.adapters.s3.client.create_s3_client`` insists on explicit proxies, then routes every
+  request by the proxy rule).
+  ``BOTOCORE_EXPERIMENTAL__PLUGINS`` is the one ambient knob botocore offers no way to switch off per
+  session.
 - The credential resolver holds exactly one provider, backed by our chain. Its credentials are a
   ``DeferredRefreshableCredentials``: nothing is fetched until the first request is signed; afterwards
   botocore asks for a refresh when the *deadline* we gave it passes. The deadline is the earlier of "now +
@@ -35,21 +36,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import attrs
-import botocore.config
 import botocore.configprovider
 import botocore.credentials
 import botocore.session
 
-from ckpt.adapters.proxy import ProxyRoutes, route_botocore_client
 from ckpt.creds.model import Credentials, Source
 from ckpt.domain.errors import CredentialsError, InvalidError
-from ckpt.domain.proxy import ProxyRule
 
 __all__ = [
     "AUTH_ERROR_CODES",
     "METHOD",
     "ChainCredentials",
-    "create_s3_client",
     "install_auth_retry",
     "make_botocore_session",
     "next_refresh",
@@ -336,33 +333,3 @@ def install_auth_retry(client: Any, refreshable: ChainCredentials) -> None:
         return 0  # retry now; botocore re-signs the retried request with the refreshed keys
 
     client.meta.events.register("needs-retry.s3", on_needs_retry, unique_id="ckpt-auth-retry")
-
-
-def create_s3_client(
-    session: botocore.session.Session,
-    *,
-    region_name: str,
-    endpoint_url: str | None,
-    config: botocore.config.Config,
-    verify: bool | str | None = None,
-    proxy_routes: ProxyRoutes | None = None,
-) -> Any:
-    """Create an S3 client on a :func:`make_botocore_session` session, with the auth retry installed.
-
-    ``region_name`` and ``endpoint_url`` are explicit (``None`` means AWS's own endpoint for the region,
-    never one from the environment). ``config.proxies`` must be set (``{}``): left unset, botocore would
-    read ``HTTPS_PROXY`` behind the proxy rule's back. Every request then takes the route
-    ``proxy_routes`` decides for its own URL (:func:`ckpt.adapters.proxy.route_botocore_client`);
-    ``None`` sends every request direct.
-    """
-    if config.proxies is None:
-        raise InvalidError("the S3 client's proxies must be explicit (use {} for a direct connection)")
-    credentials = session.get_credentials()
-    if not isinstance(credentials, ChainCredentials):
-        raise InvalidError("create_s3_client needs a session made by make_botocore_session")
-    client = session.create_client(
-        "s3", region_name=region_name, endpoint_url=endpoint_url, config=config, verify=verify
-    )
-    route_botocore_client(client, proxy_routes or ProxyRoutes(ProxyRule()))
-    install_auth_retry(client, credentials)
-    return client

@@ -64,11 +64,14 @@ __all__ = [
     "check_zip_tail",
     "default_settle",
     "judge_save",
+    "markers_problem",
     "parse_framework",
     "parse_world_size",
     "rank_files",
     "save_folders",
     "save_step",
+    "validate_world_size",
+    "zip_tail_problem",
 ]
 
 TRAINER_STATE = "trainer_state.json"
@@ -133,10 +136,10 @@ def parse_world_size(text: str) -> int:
     """
     if not isinstance(text, str) or not text.isascii() or not text.isdigit():
         raise InvalidError(f"world size {text!r} is not a whole number of processes (such as 8)")
-    return check_world_size(int(text))
+    return validate_world_size(int(text))
 
 
-def check_world_size(world_size: int) -> int:
+def validate_world_size(world_size: int) -> int:
     """Return ``world_size`` when it is a whole number of processes from 1 to 2**31 - 1; else InvalidError."""
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise InvalidError(f"world size {world_size!r} is not a whole number of processes")
@@ -151,7 +154,7 @@ def rank_files(framework: Framework, world_size: int | None) -> tuple[str, ...]:
     >>> rank_files(Framework.HF, 2), rank_files(Framework.HF, 1), rank_files(Framework.DCP, 2)
     (('rng_state_0.pth', 'rng_state_1.pth'), (), ())
     """
-    if framework is not Framework.HF or world_size is None or check_world_size(world_size) == 1:
+    if framework is not Framework.HF or world_size is None or validate_world_size(world_size) == 1:
         return ()
     return tuple(f"rng_state_{rank}.pth" for rank in range(world_size))
 
@@ -219,7 +222,7 @@ class FileTail:
     tail: bytes
 
 
-def check_zip_tail(file: FileTail) -> str | None:
+def zip_tail_problem(file: FileTail) -> str | None:
     """Return why ``file`` does not end as a complete zip does, or ``None`` when it does (rule 3).
 
     A complete zip ends with its end-of-central-directory record: the signature ``PK\\x05\\x06`` at
@@ -227,7 +230,7 @@ def check_zip_tail(file: FileTail) -> str | None:
     and its comment end exactly at the end of the file. ``torch.save`` writes that record last, so a file
     cut short anywhere fails the check. The same test works on the last ``ZIP_TAIL_BYTES`` of a file.
 
-    >>> check_zip_tail(FileTail(3, b"PK\\x03"))
+    >>> zip_tail_problem(FileTail(3, b"PK\\x03"))
     'no end-of-central-directory record at its end'
     """
     data = file.tail
@@ -256,7 +259,7 @@ def _is_json_object(data: bytes) -> bool:
     return isinstance(value, dict)
 
 
-def check_markers(framework: Framework, markers: Markers, *, world_size: int | None = None) -> str | None:
+def markers_problem(framework: Framework, markers: Markers, *, world_size: int | None = None) -> str | None:
     """Return why the markers say the save is not complete, or ``None`` when they say it is (rules 2, 3).
 
     ``world_size`` (``None``: unknown) is the number of training processes; for ``hf`` with more than one,
@@ -264,10 +267,10 @@ def check_markers(framework: Framework, markers: Markers, *, world_size: int | N
     first rank that fails, leaving ``rank_states`` shorter: the ranks are checked in order, so the verdict
     names that one.
 
-    >>> check_markers(Framework.HF, Markers(trainer_state=b'{"global_step": 5}'))
-    >>> check_markers(Framework.HF, Markers(trainer_state=b'{"global_st'))
+    >>> markers_problem(Framework.HF, Markers(trainer_state=b'{"global_step": 5}'))
+    >>> markers_problem(Framework.HF, Markers(trainer_state=b'{"global_st'))
     'trainer_state.json is not a JSON object'
-    >>> check_markers(Framework.HF, Markers(trainer_state=b"{}"), world_size=2)
+    >>> markers_problem(Framework.HF, Markers(trainer_state=b"{}"), world_size=2)
     'no rng_state_0.pth (rank 0 of 2 has not finished its part of the save)'
     """
     if framework is Framework.DCP:
@@ -285,7 +288,7 @@ def check_markers(framework: Framework, markers: Markers, *, world_size: int | N
             return f"no {name} (rank {rank} of {len(names)} has not finished its part of the save)"
         if state.size > RNG_STATE_MAX_BYTES:
             return f"{name} is {state.size} bytes, more than a rank's RNG state can be; not read"
-        problem = check_zip_tail(state)
+        problem = zip_tail_problem(state)
         if problem is not None:
             return f"{name} is not a complete zip: {problem} (rank {rank} of {len(names)} was cut short)"
     return None
@@ -339,7 +342,7 @@ def judge_save(
 
     ``listing`` is this scan's look at the save's files; it is needed only for ``hf`` when ``settle > 0``
     and the markers are complete. ``since`` is what the previous verdict for this save kept. ``world_size``
-    is passed on to :func:`check_markers`. A ``dcp`` save is complete once its markers are: settle never
+    is passed on to :func:`markers_problem`. A ``dcp`` save is complete once its markers are: settle never
     delays it.
 
     >>> state = Markers(trainer_state=b"{}")
@@ -351,7 +354,7 @@ def judge_save(
     True
     """
     settle = _check_settle(settle)
-    reason = check_markers(framework, markers, world_size=world_size)
+    reason = markers_problem(framework, markers, world_size=world_size)
     if reason is not None:
         return Verdict(reason)
     if settle == 0 or framework is Framework.DCP:
@@ -366,3 +369,10 @@ def judge_save(
     if waited >= settle:
         return Verdict(None)
     return Verdict(f"not settled: unchanged for {max(waited, 0.0):.3g}s of {settle:g}s", since=since)
+
+
+# Old names, which did not say what they return (a problem, or the checked value): kept so that callers not
+# yet renamed keep working.
+check_markers = markers_problem
+check_zip_tail = zip_tail_problem
+check_world_size = validate_world_size

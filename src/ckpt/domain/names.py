@@ -14,10 +14,11 @@ Rules this module enforces:
    number, extra separators, suffixes (``.tmp``), and base32 whose unused trailing bits are not zero.
 2. The decoded save must itself be valid (SPEC §2), else the name is malformed.
 3. Two implementations live here on purpose. :func:`parse_entry_name` is the simple reference, one name at
-   a time. :func:`parse_entry_names` and :func:`latest_entry_name` are the bulk paths used by ``entries`` and
-   ``resolve``: they validate a whole listing with a few C-level passes (one regex over the joined names,
-   one base-32 integer conversion, one UTF-8 decode, one regex over the decoded saves) and fall back to the
-   reference parser only to name the first bad name. Property tests hold the two to the same answers.
+   a time. :func:`parse_entry_names` and :func:`latest_entry_of_names` are the bulk paths used by
+   ``entries`` and ``resolve``: they validate a whole listing with a few C-level passes (one regex over
+   the joined names, one base-32 integer conversion, one UTF-8 decode, one regex over the decoded saves)
+   and fall back to the reference parser only to name the first bad name. Property tests hold the two to
+   the same answers.
 
 Pure: standard library and attrs only.
 """
@@ -47,6 +48,7 @@ __all__ = [
     "encode_save",
     "format_entry_name",
     "latest_entry_name",
+    "latest_entry_of_names",
     "parse_entry_name",
     "parse_entry_names",
 ]
@@ -313,7 +315,7 @@ def parse_entry_names(names: Sequence[str]) -> list[Entry]:
     return entries
 
 
-def latest_entry_name(names: Sequence[str]) -> Entry | None:
+def latest_entry_of_names(names: Sequence[str]) -> Entry | None:
     """Validate a whole listing of ``pub/`` and return its greatest entry, or ``None`` when empty.
 
     Every name is validated (a bad one raises :class:`MalformedError`), but only the names that share the
@@ -326,12 +328,17 @@ def latest_entry_name(names: Sequence[str]) -> Entry | None:
     return scan.result()
 
 
+# The old name, which read as if it returned a name: kept so that callers not yet renamed keep working.
+latest_entry_name = latest_entry_of_names
+
+
 class LatestEntryScan:
-    """:func:`latest_entry_name` over a listing that arrives in chunks (a directory read, S3 pages).
+    """:func:`latest_entry_of_names` over a listing that arrives in chunks (a directory read, S3 pages).
 
     ``add`` validates every name of a chunk completely, raising :class:`MalformedError` naming the chunk's
     first bad name; ``result`` returns the greatest entry of all the chunks added, or ``None``. Feeding a
-    listing chunk by chunk gives the answer :func:`latest_entry_name` gives for the whole, without holding it.
+    listing chunk by chunk gives the answer :func:`latest_entry_of_names` gives for the whole, without
+    holding it.
     """
 
     __slots__ = ("_numbers", "_ties")

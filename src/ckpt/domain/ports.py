@@ -1,31 +1,50 @@
-"""The ports: what the core needs from storage, as small Protocols, and the values they return.
+"""The ports: what users get from a store, what a store must provide, and the values they exchange.
 
-Adapters (``ckpt.adapters.posix``, ``ckpt.adapters.s3``) and the fake (``ckpt.testing.InMemoryStore``)
-satisfy these structurally; the store contract suite in ``tests/`` runs against every one of them.
+Two kinds of port live here:
 
-A *location* is a save's address in the store's own form: an absolute POSIX path, or an ``s3://`` URL.
+* The public ones, :class:`Store`, :class:`SaveReader` and :class:`WatchStore`: the API users program
+  against. One class implements them, ``ckpt.application.CheckpointStore``, by running every flow (publish,
+  entries, resolve, prune, the watcher's reads) once.
+* The small store ports a storage technology implements: :class:`PublicationLog` (the names in ``pub/``),
+  :class:`SaveTree` (the saves' folders and files) and, optionally, :class:`PruneJournal` (the prune's
+  control objects), plus optional capabilities (:class:`SyncsSaves`, :class:`ScansNameChunks`,
+  :class:`ProbesExclusiveCreate`), checked with
+  ``isinstance`` on these runtime-checkable protocols. docs/adding-a-store.md walks through them.
+
+A *location* is a save's address in the store's own form: an absolute POSIX path, an ``s3://`` or a
+``memory://`` URL (``ckpt.domain.locator``). The small ports never see locations: they take *save paths*
+relative to the root (``exec/a/ck-1``; ``""`` is the root itself where a folder is meant) and entry names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
 from ckpt.domain.entries import Entry
+from ckpt.domain.saves import SaveKind
 
 if TYPE_CHECKING:
     from ckpt.domain.follow import Followed, StopSignal
     from ckpt.domain.retention import Kept
 
 __all__ = [
+    "ExclusiveCreateProbe",
     "FileInfo",
     "Folder",
+    "ProbesExclusiveCreate",
+    "PruneJournal",
     "PruneResult",
+    "PublicationLog",
     "SaveReader",
+    "SaveRemoval",
+    "SaveTree",
+    "ScansNameChunks",
     "SkippedFolder",
     "Store",
+    "SyncsSaves",
     "WatchStore",
 ]
 
@@ -108,7 +127,7 @@ class Store(Protocol):
         ...
 
     def pin(self, entry: Entry) -> bool:
-        """Pin the published ``entry`` so that no prune removes it or its folder (``ckpt.pins``).
+        """Pin the published ``entry`` so that no prune removes it or its folder (``ckpt.application.pins``).
 
         Returns True when this call pinned it, False when it was already pinned. ``NotFoundError`` when
         the entry is not published (or a prune removed it while it was being pinned).
@@ -134,7 +153,8 @@ class Store(Protocol):
         """Yield each entry once as it is published, in log order, marked when it is not the latest.
 
         Starts from the moment of the call unless ``from_start``; one listing per ``interval`` seconds,
-        each bounded by ``scan_timeout``; ``stop`` ends it before its next listing (``ckpt.following``).
+        each bounded by ``scan_timeout``; ``stop`` ends it before its next listing
+        (``ckpt.application.following``).
         """
         ...
 
@@ -191,4 +211,165 @@ class WatchStore(Store, SaveReader, Protocol):
         already, so only the location is checked. A location with nothing there is not an error (publish
         says so); one outside the root is ``InvalidError``.
         """
+        ...
+
+
+# -- the small store ports ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SaveRemoval:
+    """What :meth:`SaveTree.remove_saves` did with one save.
+
+    ``skipped`` is ``None`` when the save's folder was removed, else why it was left (``"already gone"``,
+    ``"is a symbolic link (never removed, nor what it points to)"``, ...). ``refused`` lists objects the
+    storage refused to delete, as ``(location, code)``: the folder is then partly removed and not
+    reported as either.
+    """
+
+    save: str
+    skipped: str | None = None
+    refused: tuple[tuple[str, str], ...] = ()
+
+
+@runtime_checkable
+class PublicationLog(Protocol):
+    """The names in ``pub/``: list them, create one exclusively, remove some. Names are never parsed here."""
+
+    def list_names(self) -> list[str]:
+        """Return every name in ``pub/``, in no particular order.
+
+        Anything in ``pub/`` that is not an entry object (a sub-folder, a FIFO) is ``MalformedError``
+        naming it; a missing ``pub/`` has no names; a missing root is ``NotFoundError``; any other failure
+        is ``StorageError``.
+        """
+        ...
+
+    def create(self, name: str) -> bool:
+        """Create the empty entry ``name`` exclusively: True when this call created it, False when it was
+        already there (then it is untouched). When True is returned the entry is durable; when creating
+        fails after the entry appeared, the entry is removed again before ``StorageError`` is raised.
+        """
+        ...
+
+    def remove(self, names: Sequence[str]) -> list[str]:
+        """Remove ``names``; return those actually removed (a store that cannot tell returns them all).
+
+        An absent name is not an error. Durable when it returns; ``StorageError`` on failure, after which
+        some names may be removed.
+        """
+        ...
+
+
+@runtime_checkable
+class ScansNameChunks(Protocol):
+    """Optional capability of a log: its names a chunk at a time, so ``resolve`` holds no whole listing."""
+
+    def iter_name_chunks(self, size: int) -> Generator[list[str], None, None]:
+        """Yield the names in ``pub/`` in chunks of at most ``size``, in no particular order.
+
+        Raises ``MalformedError`` (possibly without detail) on anything that is not an entry object; the
+        caller then lists again with :meth:`PublicationLog.list_names` for the precise error. Other errors
+        as :meth:`PublicationLog.list_names`. Closing the generator early releases what it holds.
+        """
+        ...
+
+
+@runtime_checkable
+class SaveTree(Protocol):
+    """The saves' folders and files, addressed by save path (``""`` is the root where a folder is meant)."""
+
+    def kind(self, save: str) -> SaveKind:
+        """Return what is at ``save``: a folder, a regular file (S3: an object at exactly its key), anything
+        else (a FIFO, a device), or nothing. ``ckpt.domain.saves.check_save_kind`` decides what publish
+        accepts.
+
+        A missing root is ``NotFoundError``; any other failure ``StorageError``.
+        """
+        ...
+
+    def folders(self, path: str) -> list[str] | None:
+        """Return the names of the folders directly inside ``path`` (never through a link), any order.
+
+        ``None`` when ``path`` does not exist (or is not a folder); ``NotFoundError`` when the root does not.
+        """
+        ...
+
+    def read_file(self, save: str, name: str, limit: int) -> bytes | None:
+        """Return the content of the regular file ``name`` (a clean slash-separated path) inside the save.
+
+        ``None`` when there is no regular file there; nothing is read through a link, a FIFO or device is
+        never opened. A file larger than ``limit`` bytes is ``ckpt.domain.saves.too_large``.
+        """
+        ...
+
+    def is_file(self, save: str, name: str) -> bool:
+        """Return True when ``name`` inside the save is a regular file (a marker); False otherwise."""
+        ...
+
+    def files(self, save: str) -> list[FileInfo]:
+        """Return every file inside the save, recursively, with its size, sorted by path.
+
+        Links count as files (with their own size) and are never followed; ``[]`` when the save is gone.
+        """
+        ...
+
+    def remove_saves(self, saves: Sequence[str]) -> list[SaveRemoval]:
+        """Remove each save's folder and everything in it, in the order given; return one outcome per save.
+
+        Never removes through or across a symbolic link or a mount point, never follows a link inside a
+        folder. A save that is missing is skipped as ``"already gone"``. A failure that stops the removal
+        raises ``StorageError`` naming the folder; objects the storage refuses to delete are reported in
+        the outcome instead, and the other saves are still removed.
+        """
+        ...
+
+
+@runtime_checkable
+class SyncsSaves(Protocol):
+    """Optional capability of a tree: make a save's content durable before it is published (POSIX)."""
+
+    def sync_save(self, save: str) -> None:
+        """fsync every regular file and folder of the save, deepest first, then its parent folder.
+
+        A save that is not there is not an error (publish reports it)."""
+        ...
+
+
+@runtime_checkable
+class PruneJournal(Protocol):
+    """The prune's control objects beside the log (``ckpt.domain.journal`` holds their format).
+
+    Identifiers are the journals' locations (a path or URL), usable in messages.
+    """
+
+    def write_journal(self, data: bytes) -> str:
+        """Store a new journal holding ``data`` under a fresh random name; durable when it returns."""
+        ...
+
+    def read_journals(self) -> list[tuple[str, bytes]]:
+        """Return every journal as ``(identifier, content)``, sorted by identifier."""
+        ...
+
+    def drop_journals(self, identifiers: Sequence[str]) -> None:
+        """Remove these journals; one already gone is not an error. Durable when it returns."""
+        ...
+
+
+@attrs.frozen
+class ExclusiveCreateProbe:
+    """What a store's exclusive-create probe found (``ckpt doctor``): honoured or not, where, and why."""
+
+    honoured: bool
+    location: str
+    detail: str
+
+
+@runtime_checkable
+class ProbesExclusiveCreate(Protocol):
+    """Optional capability of a store: check that its storage honours exclusive create (``ckpt doctor``)."""
+
+    def probe_exclusive_create(self) -> ExclusiveCreateProbe:
+        """Create a fresh probe object outside ``pub/`` and ``exec/`` twice; the second create must be
+        refused. The probe is removed afterwards. Failures to reach the storage raise as usual."""
         ...

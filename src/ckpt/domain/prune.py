@@ -1,4 +1,4 @@
-"""Overlap by path element, and the prune plan (SPEC §4).
+"""Overlap by path element, and the prune plan (docs/spec/operations.md §5).
 
 Rules:
 
@@ -7,8 +7,13 @@ Rules:
 2. ``plan_prune`` keeps the ``keep`` greatest entries (``keep >= 1``) and removes the rest. The folders of
    removed entries are candidates for removal unless a kept entry overlaps them. A candidate inside another
    candidate is dropped: removing the outer folder removes it.
-3. The plan is a value; adapters carry it out, and must re-check candidates against the entries they read
-   again after removing entries (:class:`Overlap` makes that check cheap).
+3. The plan is a value; the application carries it out. Folders an earlier, failed prune recorded in its
+   journal join the plan unless a kept entry needs them (:func:`leftover_folders`).
+4. After removing entries the application reads the entries again and re-checks every folder against them
+   (:func:`recheck_folders`): a folder an entry now needs is not removed, and when it was planned by this
+   prune it is reported skipped as "named by an entry published during the prune". A folder inside another
+   folder being removed is left to that removal. Stores report the other skip reasons
+   (:data:`SKIP_ALREADY_GONE`, and their own, such as a symbolic link on POSIX).
 
 Cost: linear in the total number of path elements; no entry is compared with every folder.
 
@@ -25,7 +30,22 @@ from ckpt.domain.arguments import require_int, require_items, require_str
 from ckpt.domain.entries import Entry, sort_entries
 from ckpt.domain.errors import InvalidError
 
-__all__ = ["Overlap", "PrunePlan", "overlaps", "plan_prune"]
+__all__ = [
+    "SKIP_ALREADY_GONE",
+    "SKIP_PUBLISHED_DURING_PRUNE",
+    "FolderCheck",
+    "Overlap",
+    "PrunePlan",
+    "leftover_folders",
+    "overlaps",
+    "plan_prune",
+    "recheck_folders",
+]
+
+#: The skip reason of a planned folder that an entry published while the prune ran names (rule 4).
+SKIP_PUBLISHED_DURING_PRUNE = "named by an entry published during the prune"
+#: The skip reason of a folder that no longer exists when prune comes to remove it.
+SKIP_ALREADY_GONE = "already gone"
 
 
 def _ancestors(path: str) -> Iterable[str]:
@@ -108,3 +128,47 @@ def plan_prune(entries: Iterable[Entry], keep: int) -> PrunePlan:
     # Drop a candidate whose ancestor is also a candidate: the outer removal takes it along.
     folders = sorted(c for c in candidates if not _has_ancestor_in(c, candidates))
     return PrunePlan(keep=tuple(kept), remove=tuple(remove), folders=tuple(folders))
+
+
+def leftover_folders(plan: PrunePlan, journal_folders: Iterable[str]) -> tuple[str, ...]:
+    """Return the folders earlier prunes' journals list that this prune should finish (rule 3), sorted.
+
+    A folder this plan already holds, or one a kept entry overlaps, is not a leftover.
+
+    >>> plan = plan_prune([Entry(1, 1, "exec/a/ck-1"), Entry(1, 2, "exec/a/ck-2")], keep=1)
+    >>> leftover_folders(plan, ["exec/a/ck-1", "exec/a/ck-0", "exec/a"])
+    ('exec/a/ck-0',)
+    """
+    kept = Overlap(e.save for e in plan.keep)
+    planned = set(plan.folders)
+    return tuple(sorted({f for f in journal_folders if f not in planned and not kept(f)}))
+
+
+@attrs.frozen
+class FolderCheck:
+    """The outcome of the re-check: folders to remove (sorted, none inside another) and planned folders
+    skipped, each with its reason, as ``(folder, reason)``."""
+
+    remove: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...]
+
+
+def recheck_folders(planned: Iterable[str], left: Iterable[str], saves: Iterable[str]) -> FolderCheck:
+    """Re-check the planned and leftover folders against the saves of the entries read again (rule 4).
+
+    >>> check = recheck_folders(["exec/a/ck-1", "exec/a/ck-2"], ["exec/b"], ["exec/a/ck-2"])
+    >>> check.remove, [folder for folder, _ in check.skipped]
+    (('exec/a/ck-1', 'exec/b'), ['exec/a/ck-2'])
+    """
+    needed = Overlap(saves)
+    planned_set = set(planned)
+    remove: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    for folder in sorted({*planned_set, *left}):
+        if not needed(folder):
+            remove.append(folder)
+        elif folder in planned_set:
+            skipped.append((folder, SKIP_PUBLISHED_DURING_PRUNE))
+        # else: a leftover an entry needs again is simply no longer a candidate
+    chosen = set(remove)
+    return FolderCheck(tuple(f for f in remove if not _has_ancestor_in(f, chosen)), tuple(skipped))

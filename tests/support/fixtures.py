@@ -1,4 +1,7 @@
-"""Shared fixtures and the hypothesis profiles.
+"""The shared fixtures and the hypothesis profiles: a pytest plugin, loaded by ``-p support.fixtures``.
+
+pyproject's ``[tool.pytest.ini_options]`` puts ``tests/`` on the import path (``pythonpath``) and loads this
+module with ``-p`` (``addopts``): every fixture the suites share is defined here, none is re-exported.
 
 ``harness`` runs a test once per store implementation (the contract suite). Every property test draws
 its examples deterministically (the ``ci`` profile) unless ``--hypothesis-profile=fuzz`` is given.
@@ -7,23 +10,25 @@ its examples deterministically (the ``ci`` profile) unless ``--hypothesis-profil
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from harness import Harness, MemoryHarness, PosixHarness
-from s3_support import (  # noqa: F401 - the fixtures are imported for pytest to find
-    S3_HARNESS_FACTORIES,
-    moto_server,
-    moto_server_store_client,
-)
+from ckpt.adapters.s3 import make_s3_client
 from support.fuzzing import DETERMINISTIC, register_profiles
+from support.harness import Harness, MemoryHarness, PosixHarness
+from support.s3 import (
+    FAKE_ENV,
+    S3_HARNESS_FACTORIES,
+    http_settings,
+    isolate_from_aws_environment,
+    only_loopback,
+    serve_moto,
+)
 
 # Every run is deterministic unless asked otherwise: `--hypothesis-profile=fuzz` (python3 dev.py fuzz) is
 # loaded after this, in hypothesis' pytest_configure, and replaces it. See tests/support/fuzzing.py.
@@ -43,7 +48,7 @@ def _posix(_request: pytest.FixtureRequest, tmp: Path) -> Iterator[Harness]:
     yield PosixHarness(str(root))
 
 
-# name -> factory. The S3 harnesses (moto in-process, moto's HTTP server) are added by tests/s3_support.py.
+# name -> factory. The S3 harnesses (moto in-process, moto's HTTP server) are added by tests/support/s3.py.
 HARNESS_FACTORIES: dict[str, HarnessFactory] = {"memory": _memory, "posix": _posix}
 HARNESS_FACTORIES.update(S3_HARNESS_FACTORIES)
 
@@ -75,3 +80,23 @@ def tmpfs_root(tmpfs_path: Path) -> Path:
     root = tmpfs_path / "root"
     root.mkdir()
     return root
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Start ``python -m moto.server`` on a free loopback port for the session; yield its endpoint URL."""
+    with serve_moto(tmp_path_factory.mktemp("moto-server") / "server.log") as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def moto_server_store_client(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The client ``make_s3_client`` builds for moto's server from a ``Config``, shared by the session.
+
+    Built once (a fresh botocore session loads the S3 model, a tenth of a second or more), under an
+    environment with fake keys and no ~/.aws; its credentials are resolved when it is built.
+    """
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        isolate_from_aws_environment(monkeypatch, tmp_path_factory.mktemp("aws-home"))
+        client = make_s3_client(http_settings(moto_server), environ=FAKE_ENV)
+    return only_loopback(client)

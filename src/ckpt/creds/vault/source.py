@@ -1,6 +1,9 @@
-"""The ``vault`` credential source: a KV v2 secret read through ``hvac`` after a Kubernetes or AppRole login.
+"""The ``vault`` credential source: a KV v2 secret read through ``hvac`` (spec/credentials.md §5).
 
-Rules for this module (each one closes a way a Vault token or secret could leak or be misused):
+The auth methods are in :mod:`ckpt.creds.vault.auth`, the token's lifetime in :mod:`ckpt.creds.vault.token`
+and the translation of failures in :mod:`ckpt.creds.vault.failures`; this module holds the source itself
+and the check of its address. Rules for it (each one closes a way a Vault token or secret could leak or be
+misused):
 
 - ``hvac`` and ``requests`` are imported inside functions: importing ``ckpt.creds`` needs neither.
 - The HTTP session is the project's one proxy wiring, :func:`ckpt.adapters.proxy.requests_session`:
@@ -12,21 +15,15 @@ Rules for this module (each one closes a way a Vault token or secret could leak 
 - Redirects are never followed: a 3xx answer is an error before anything is sent elsewhere. A Vault standby
   answers 307 to the active node, and ``requests`` would carry ``X-Vault-Token`` (not an ``Authorization``
   header, so not stripped) to wherever ``Location`` points.
-- Plain ``http://`` is refused unless the host is loopback or ``allow_insecure_http`` says so; an address
-  carrying user-info, a path, a query or a fragment is refused.
-- A login sends no ``X-Vault-Token``. The Kubernetes JWT and the AppRole ids in files are re-read at every
-  login (both rotate). The token is reused while valid, renewed (``renew-self``) or replaced by a new login
-  when a third of its lease is left, and replaced at once when Vault answers 403 (then the read is retried
-  once).
-- Every ``hvac``/``requests`` error becomes a ``CredentialsError`` built from a fixed table (status class,
-  transport failure): the response body, which Vault may fill with the very secret it rejected, and the
-  library's message, which carries the full URL, are dropped, and the new error is raised outside the
-  ``except`` block so the library exception is not attached as its context either.
+- Plain ``http://`` is refused unless the host is loopback (:func:`ckpt.domain.loopback.is_loopback_host`)
+  or ``allow_insecure_http`` says so; an address carrying user-info, a path, a query or a fragment is
+  refused.
+- The token is reused, renewed or replaced as :func:`~ckpt.creds.vault.token.plan_token` decides, and
+  replaced at once when Vault answers 403 (then the read is retried once).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 import time
@@ -39,60 +36,17 @@ import attrs
 
 from ckpt.creds.files import read_secret_file
 from ckpt.creds.model import Credentials
-from ckpt.domain.errors import CkptError, ConfigError, CredentialsError
+from ckpt.creds.vault.auth import VaultAuth, login_request
+from ckpt.creds.vault.failures import PermissionDeniedError, call_vault
+from ckpt.creds.vault.token import VaultToken, plan_token, token_from_auth
+from ckpt.domain.errors import ConfigError, CredentialsError
+from ckpt.domain.loopback import is_loopback_host
 from ckpt.domain.redaction import redact_url
 
-__all__ = [
-    "DEFAULT_JWT_FILE",
-    "AppRoleAuth",
-    "KubernetesAuth",
-    "TokenAction",
-    "VaultFields",
-    "VaultSource",
-    "VaultToken",
-    "plan_token",
-    "vault_address_problem",
-]
+__all__ = ["VaultFields", "VaultSource", "vault_address_problem"]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-DEFAULT_JWT_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-
-#: Renew (or log in again) once no more than this fraction of the token's lease is left.
-_RENEW_FRACTION = 1 / 3
-#: A token with fewer seconds than this left is not used at all: a new login is cheaper than a 403.
-_MIN_REMAINING_SECONDS = 5.0
-
-# What we say about each Vault answer: a fixed phrase per status, never the body.
-_STATUS_PHRASES: Mapping[int, str] = {
-    400: "bad request (for a login: unknown role or invalid credentials)",
-    401: "unauthorized",
-    403: "permission denied",
-    404: "not found",
-    405: "method not allowed",
-    412: "precondition failed",
-    429: "rate limited (or a performance standby)",
-    500: "internal server error",
-    501: "Vault is not initialized",
-    502: "bad gateway",
-    503: "Vault is sealed or unavailable",
-}
-# hvac raises one class per status and keeps no status code; this maps them back (by class name, since
-# hvac is imported lazily).
-_HVAC_STATUS: Mapping[str, int] = {
-    "InvalidRequest": 400,
-    "Unauthorized": 401,
-    "Forbidden": 403,
-    "InvalidPath": 404,
-    "UnsupportedOperation": 405,
-    "PreconditionFailed": 412,
-    "RateLimitExceeded": 429,
-    "InternalServerError": 500,
-    "VaultNotInitialized": 501,
-    "BadGateway": 502,
-    "VaultDown": 503,
-}
 
 
 def vault_address_problem(address: str, *, allow_insecure_http: bool) -> str | None:
@@ -115,7 +69,7 @@ def vault_address_problem(address: str, *, allow_insecure_http: bool) -> str | N
         return "it must not contain user-info (credentials belong in the auth settings)"
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         return "it must be scheme://host[:port] without a path, query or fragment"
-    if parts.scheme == "http" and not allow_insecure_http and not _is_loopback(host):
+    if parts.scheme == "http" and not allow_insecure_http and not is_loopback_host(host):
         return (
             "plain http:// is refused for a host that is not loopback (the token would cross the network"
             " in clear); use https:// or set allow_insecure_http = true"
@@ -123,57 +77,8 @@ def vault_address_problem(address: str, *, allow_insecure_http: bool) -> str | N
     return None
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
-
-
-@attrs.frozen
-class KubernetesAuth:
-    """Kubernetes auth: the service-account JWT in ``jwt_file`` (re-read at every login) and a Vault role."""
-
-    role: str
-    jwt_file: Path = attrs.field(default=DEFAULT_JWT_FILE, converter=Path)
-    mount: str = "kubernetes"
-
-    @property
-    def method(self) -> str:
-        return "kubernetes"
-
-
 def _optional_path(value: str | Path | None) -> Path | None:
     return None if value is None else Path(value)
-
-
-@attrs.frozen
-class AppRoleAuth:
-    """AppRole auth: exactly one of ``role_id``/``role_id_file`` and of ``secret_id``/``secret_id_file``.
-
-    Files are re-read at every login, so a rotated secret id is picked up.
-    """
-
-    role_id: str | None = attrs.field(default=None, repr=False)
-    role_id_file: Path | None = attrs.field(default=None, converter=_optional_path)
-    secret_id: str | None = attrs.field(default=None, repr=False)
-    secret_id_file: Path | None = attrs.field(default=None, converter=_optional_path)
-    mount: str = "approle"
-
-    def __attrs_post_init__(self) -> None:
-        if (self.role_id is None) == (self.role_id_file is None):
-            raise ConfigError("AppRole auth needs exactly one of role_id and role_id_file")
-        if (self.secret_id is None) == (self.secret_id_file is None):
-            raise ConfigError("AppRole auth needs exactly one of secret_id and secret_id_file")
-
-    @property
-    def method(self) -> str:
-        return "approle"
 
 
 @attrs.frozen
@@ -183,49 +88,6 @@ class VaultFields:
     access_key_id: str = "access_key_id"
     secret_access_key: str = "secret_access_key"  # noqa: S105 - a field's name, not a secret
     session_token: str = "session_token"  # noqa: S105 - a field's name, not a secret
-
-
-@attrs.frozen
-class VaultToken:
-    """A Vault client token and its lease, as of ``obtained_at`` (on the source's monotonic clock).
-
-    ``lease_seconds == 0`` means the token does not expire.
-    """
-
-    value: str = attrs.field(repr=False)
-    obtained_at: float
-    lease_seconds: float
-    renewable: bool
-
-    @property
-    def expires_at(self) -> float:
-        return self.obtained_at + self.lease_seconds
-
-
-TokenAction = Literal["login", "renew", "reuse"]
-
-
-def plan_token(token: VaultToken | None, now: float) -> TokenAction:
-    """Decide what to do with the current token before a read.
-
-    >>> t = VaultToken("s.x", obtained_at=0.0, lease_seconds=300.0, renewable=True)
-    >>> plan_token(None, 0.0), plan_token(t, 100.0), plan_token(t, 250.0), plan_token(t, 299.0)
-    ('login', 'reuse', 'renew', 'login')
-    """
-    if token is None:
-        return "login"
-    if token.lease_seconds <= 0:
-        return "reuse"
-    remaining = token.expires_at - now
-    if remaining <= _MIN_REMAINING_SECONDS:
-        return "login"
-    if remaining <= token.lease_seconds * _RENEW_FRACTION:
-        return "renew" if token.renewable else "login"
-    return "reuse"
-
-
-class _PermissionDeniedError(CredentialsError):
-    """Vault answered 403: the token is unknown, expired or revoked (or the policy denies the path)."""
 
 
 def _no_proxy(_url: str) -> str | None:
@@ -245,12 +107,13 @@ class VaultSource:
     """S3 credentials in a Vault KV v2 secret; see the module rules.
 
     ``proxy_for(url)`` returns the proxy URL for a target URL, or ``None`` for a direct connection (the
-    project's proxy rule, SPEC §7; ``None``: always direct). ``clock`` is monotonic seconds; tests inject one.
+    project's proxy rule, spec/proxy.md; ``None``: always direct). ``clock`` is monotonic seconds; tests
+    inject one.
     """
 
     address: str = attrs.field(converter=_strip_slash)
     path: str
-    auth: KubernetesAuth | AppRoleAuth
+    auth: VaultAuth
     mount: str = "secret"
     namespace: str | None = None
     ca_bundle: Path | None = attrs.field(default=None, converter=_optional_path)
@@ -285,7 +148,7 @@ class VaultSource:
             denied = False
             try:
                 data = self._read(client, token)
-            except _PermissionDeniedError:
+            except PermissionDeniedError:
                 denied = True
             if denied:
                 _log.info("%s: Vault refused the token; logging in again", self.name)
@@ -294,7 +157,7 @@ class VaultSource:
                 retry_denied = False
                 try:
                     data = self._read(client, token)
-                except _PermissionDeniedError:
+                except PermissionDeniedError:
                     retry_denied = True
                 if retry_denied:
                     raise CredentialsError(
@@ -327,35 +190,12 @@ class VaultSource:
         # No X-Vault-Token on a login: the old token (if any) is not sent along.
         client.token = ""
         self._token = None
-        auth = self.auth
-        if isinstance(auth, KubernetesAuth):
-            jwt = self._secret_from_file(auth.jwt_file, "the Kubernetes service-account JWT", "allow")
-            what = f"logging in (kubernetes auth, role {auth.role!r})"
-            response = self._call(
-                what,
-                lambda: client.auth.kubernetes.login(
-                    role=auth.role, jwt=jwt, use_token=False, mount_point=auth.mount
-                ),
-            )
-        else:
-            role_id = auth.role_id
-            if role_id is None and auth.role_id_file is not None:
-                role_id = self._secret_from_file(auth.role_id_file, "the AppRole role id", "warn")
-            secret_id = auth.secret_id
-            if secret_id is None and auth.secret_id_file is not None:
-                secret_id = self._secret_from_file(auth.secret_id_file, "the AppRole secret id", "warn")
-            what = "logging in (approle auth)"
-            response = self._call(
-                what,
-                lambda: client.auth.approle.login(
-                    role_id=role_id, secret_id=secret_id, use_token=False, mount_point=auth.mount
-                ),
-            )
-        token = self._token_from(response, what, previous=None)
+        what, login = login_request(self.auth, client, self._secret_from_file)
+        token = self._token_from(self._call(what, login), what, previous=None)
         _log.debug(
             "%s: logged in with %s auth; token lease %ss, renewable %s",
             self.name,
-            auth.method,
+            self.auth.method,
             int(token.lease_seconds),
             token.renewable,
         )
@@ -373,33 +213,18 @@ class VaultSource:
         if failure is not None:
             _log.info("%s: token renewal failed (%s); logging in again", self.name, failure)
             return None
-        if renewed.expires_at <= token.expires_at:
-            # The lease hit its maximum TTL: renewing gains nothing; log in when it runs low again.
-            renewed = attrs.evolve(renewed, renewable=False)
         _log.debug("%s: renewed the token; lease %ss", self.name, int(renewed.lease_seconds))
         self._token = renewed
         return renewed
 
     def _token_from(self, response: object, what: str, *, previous: VaultToken | None) -> VaultToken:
-        auth = response.get("auth") if isinstance(response, dict) else None
-        value = auth.get("client_token") if isinstance(auth, dict) else None
-        if value is None and previous is not None:
-            value = previous.value
-        lease = auth.get("lease_duration") if isinstance(auth, dict) else None
-        renewable = auth.get("renewable", False) if isinstance(auth, dict) else None
-        if (
-            not isinstance(value, str)
-            or not value
-            or isinstance(lease, bool)
-            or not isinstance(lease, int | float)
-            or lease < 0
-            or not isinstance(renewable, bool)
-        ):
+        token = token_from_auth(response, now=self.clock(), previous=previous)
+        if token is None:
             raise CredentialsError(
                 f"{self.name}: {what} at {self.address} returned an unexpected answer (no usable auth block)",
                 source=self.name,
             )
-        return VaultToken(value, obtained_at=self.clock(), lease_seconds=float(lease), renewable=renewable)
+        return token
 
     # -- reading the secret ------------------------------------------------------------------------------
 
@@ -497,66 +322,4 @@ class VaultSource:
             )
 
     def _call(self, what: str, operation: Callable[[], _T], *, reading: bool = False) -> _T:
-        """Run one hvac call, translating every library error as the module rules say."""
-        import hvac.exceptions
-        import requests
-
-        failure: CredentialsError
-        try:
-            return operation()
-        except CkptError:
-            raise
-        except hvac.exceptions.VaultError as exc:
-            failure = self._from_vault_error(what, exc, reading=reading)
-        except requests.RequestException as exc:
-            failure = CredentialsError(
-                f"{self.name}: {what} at {self.address} failed: {_transport_reason(exc)}", source=self.name
-            )
-        except ValueError as exc:  # a body that is not JSON, a URL requests refuses
-            failure = CredentialsError(
-                f"{self.name}: {what} at {self.address} failed: unexpected answer ({type(exc).__name__})",
-                source=self.name,
-            )
-        raise failure
-
-    def _from_vault_error(self, what: str, exc: Exception, *, reading: bool) -> CredentialsError:
-        status = _HVAC_STATUS.get(type(exc).__name__)
-        phrase = _STATUS_PHRASES.get(status, "unexpected answer") if status else "unexpected answer"
-        prefix = f"{self.name}: {what} at {self.address} failed: HTTP {status or '?'} {phrase}"
-        if status == 404 and reading:
-            return CredentialsError(f"{prefix}{_deleted_detail(exc)}", source=self.name)
-        if status == 403 and reading:
-            return _PermissionDeniedError(prefix, source=self.name)
-        return CredentialsError(prefix, source=self.name)
-
-
-def _deleted_detail(exc: Exception) -> str:
-    """Say whether a 404 on a KV v2 read is a deleted or destroyed version; only metadata is looked at."""
-    body = getattr(exc, "json", None)
-    data = body.get("data") if isinstance(body, dict) else None
-    metadata = data.get("metadata") if isinstance(data, dict) else None
-    if not isinstance(metadata, dict):
-        return " (no such secret)"
-    version = metadata.get("version")
-    shown = f" {version}" if isinstance(version, int) and not isinstance(version, bool) else ""
-    if metadata.get("destroyed") is True:
-        return f" (the latest version{shown} was destroyed)"
-    if metadata.get("deletion_time"):
-        return f" (the latest version{shown} was deleted)"
-    return " (no such secret)"
-
-
-def _transport_reason(exc: Exception) -> str:
-    import requests
-
-    if isinstance(exc, requests.exceptions.SSLError):
-        return "TLS handshake or certificate verification failed"
-    if isinstance(exc, requests.exceptions.ProxyError):
-        return "the proxy refused or failed the connection"
-    if isinstance(exc, requests.exceptions.Timeout):
-        return "timed out"
-    if isinstance(exc, requests.exceptions.ConnectionError):
-        return "cannot connect"
-    if isinstance(exc, requests.exceptions.TooManyRedirects):
-        return "redirected (redirects are never followed)"
-    return f"request failed ({type(exc).__name__})"
+        return call_vault(operation, what=what, source=self.name, address=self.address, reading=reading)

@@ -1,4 +1,4 @@
-"""Verified resolve: the newest published save that is still there and complete (SPEC §5).
+"""Verified resolve: the newest published save that is still there and complete (docs/spec/watcher.md).
 
 Plain ``resolve`` is a pure read of ``pub/`` and never looks at a save. A framework's own retention (the
 Trainer's ``save_total_limit``, a torchtitan ``keep_latest_k``) may delete a folder after it was published,

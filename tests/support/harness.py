@@ -1,9 +1,9 @@
 """Store harnesses: how the contract suite builds a root on each storage and arranges trees in it.
 
 The contract suite (``tests/test_store_contract.py``) is written once against :class:`Harness` and runs on
-every implementation registered in ``HARNESSES`` (``tests/conftest.py`` parametrizes the ``harness`` fixture
-over them). A harness arranges state *beside* the store under test (real files, real objects), so the
-store's own reads are what the tests check.
+every implementation registered in ``HARNESS_FACTORIES`` (``tests/support/fixtures.py`` parametrizes the
+``harness`` fixture over them). A harness arranges state *beside* the store under test (real files, real
+objects), so the store's own reads are what the tests check.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Protocol
 from ckpt.adapters.posix import PosixStore
 from ckpt.domain.ports import WatchStore
 from ckpt.testing import InMemoryStore
+from support.saves import DEFAULT_FILES, make_save
 
 
 class Harness(Protocol):
@@ -64,7 +65,7 @@ class MemoryHarness:
     def make_save(self, save: str, files: dict[str, bytes] | None = None) -> str:
         location = f"{self._store.root}/{save}"
         self._store.make_dir(location)
-        for name, data in (files or {"model.bin": b"weights"}).items():
+        for name, data in (DEFAULT_FILES if files is None else files).items():
             self._store.write_file(location, name, data)
         return location
 
@@ -85,7 +86,7 @@ class MemoryHarness:
         self._store.put_raw_entry(name, folder=folder)
 
     def pub_names(self) -> list[str]:
-        return sorted(self._store._names())
+        return self._store.raw_names()
 
 
 class PosixHarness:
@@ -101,14 +102,7 @@ class PosixHarness:
         return self._store
 
     def make_save(self, save: str, files: dict[str, bytes] | None = None) -> str:
-        location = os.path.join(self.root, save)
-        os.makedirs(location, exist_ok=True)
-        for name, data in (files or {"model.bin": b"weights"}).items():
-            path = os.path.join(location, name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(data)
-        return location
+        return make_save(self.root, save, files)
 
     def make_file(self, path: str, data: bytes) -> str:
         location = os.path.join(self.root, path)

@@ -1,11 +1,12 @@
-"""The watcher: publishes one execution's complete saves as a framework writes them (SPEC §5).
+"""The watcher: publishes one execution's complete saves as a framework writes them (docs/spec/watcher.md).
 
 Rules this module keeps (docs/adr/0008-watcher.md says why):
 
 1. A scan lists the saves folder once (``folders``), keeps the names that are saves under the framework's
    rule, and looks, in step order, at those this watcher has not published yet. A complete save is synced
-   (``sync_save``, when the store has one: POSIX) and then published; an incomplete one is passed over and
-   looked at again next scan.
+   (``sync_save``, found through the ``SyncsSaves`` protocol: POSIX fsyncs it, our other stores only check
+   the location, an embedder's store may have none) and then published; an incomplete one is passed over
+   and looked at again next scan.
 2. Published saves are never read again. The watcher keeps their locations in memory; a new watcher learns
    them by reading ``entries()`` once, in its first scan, keeping the entries of its own epoch. So a scan
    over any number of already-published saves with nothing new costs one ``folders`` listing. An
@@ -37,6 +38,7 @@ from collections.abc import Callable
 
 import attrs
 
+from ckpt.application.verify import read_markers, read_rank_states
 from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import MAX_U64, Entry
 from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
@@ -50,8 +52,7 @@ from ckpt.domain.frameworks import (
     rank_files,
     save_folders,
 )
-from ckpt.domain.ports import Store, WatchStore
-from ckpt.verify import read_markers, read_rank_states
+from ckpt.domain.ports import Store, SyncsSaves, WatchStore
 
 __all__ = ["Watcher"]
 
@@ -214,10 +215,9 @@ class Watcher:
         """Sync and publish one complete save; return True when it is now published (by us or before)."""
         if self._spent:
             raise ScanTimeoutError("this watcher's scan timed out; it publishes nothing more")
-        sync_save: Callable[[str], None] | None = getattr(self.store, "sync_save", None)
         try:
-            if sync_save is not None:
-                sync_save(location)
+            if isinstance(self.store, SyncsSaves):  # every store of ours; an embedder's may have none
+                self.store.sync_save(location)
             entry = self.store.publish(self.epoch, step, location)
         except ExistsError:
             return True

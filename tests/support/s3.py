@@ -37,9 +37,10 @@ import moto.core.models as moto_core_models
 import pytest
 from moto import mock_aws
 
-from ckpt.adapters.s3 import S3Store, make_s3_client
+from ckpt.adapters.s3 import S3Store
 from ckpt.config import Config, S3Settings
-from harness import Harness
+from support.harness import Harness
+from support.saves import put_save
 
 REGION = "us-east-1"
 # Credentials moto accepts; they only ever go to 127.0.0.1 or nowhere (in-process).
@@ -179,13 +180,6 @@ def serve_moto(log: Path, *, module: str = "moto.server", cwd: str | None = None
             process.wait()
 
 
-@pytest.fixture(scope="session")
-def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start ``python -m moto.server`` on a free loopback port for the session; yield its endpoint URL."""
-    with serve_moto(tmp_path_factory.mktemp("moto-server") / "server.log") as endpoint:
-        yield endpoint
-
-
 # -- the harness -----------------------------------------------------------------------------------------
 
 
@@ -220,8 +214,7 @@ class S3Harness:
         return sorted(keys)
 
     def make_save(self, save: str, files: dict[str, bytes] | None = None) -> str:
-        for name, data in (files or {"model.bin": b"weights"}).items():
-            self.put(f"{save}/{name}", data)
+        put_save(self.client, self.bucket, self.key(save), files)
         return f"{self._store.root}/{save}"
 
     def make_file(self, path: str, data: bytes) -> str:
@@ -257,19 +250,6 @@ def moto_in_process(_request: pytest.FixtureRequest, _tmp: Path) -> Iterator[Har
         store_client = raw_client()
         store = S3Store(f"s3://{bucket}/team-a/run-42", store_client)
         yield S3Harness("s3-moto", store, store_client, client)
-
-
-@pytest.fixture(scope="session")
-def moto_server_store_client(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The client ``make_s3_client`` builds for moto's server from a ``Config``, shared by the session.
-
-    Built once (a fresh botocore session loads the S3 model, a tenth of a second or more), under an
-    environment with fake keys and no ~/.aws; its credentials are resolved when it is built.
-    """
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        isolate_from_aws_environment(monkeypatch, tmp_path_factory.mktemp("aws-home"))
-        client = make_s3_client(http_settings(moto_server), environ=FAKE_ENV)
-    return only_loopback(client)
 
 
 def moto_over_http(request: pytest.FixtureRequest, _tmp: Path) -> Iterator[Harness]:

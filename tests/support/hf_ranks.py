@@ -2,7 +2,7 @@
 
 Run as a script (the test starts it as a subprocess)::
 
-    python tests/support_hf_ranks.py --out DIR
+    python tests/support/hf_ranks.py --out DIR
 
 It reads one run per line on stdin, ``{"name": str, "kill": str | null}``, and answers each with one line on
 stdout once the run is over, ``{"name", "exit": [rank 0's wait status, rank 1's]}``, so a caller can plan

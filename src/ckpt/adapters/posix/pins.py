@@ -22,7 +22,7 @@ from ckpt.domain.entries import PINS_DIR_NAME
 from ckpt.domain.errors import MalformedError, NotFoundError, StorageError
 
 if TYPE_CHECKING:
-    from ckpt.adapters.posix import Syscalls
+    from ckpt.adapters.posix.syscalls import Syscalls
 
 __all__ = ["PosixPins"]
 
@@ -71,7 +71,7 @@ class PosixPins:
         except OSError as exc:
             raise _error("open", self._dir, exc) from exc
 
-    def names(self) -> list[str]:
+    def list_names(self) -> list[str]:
         """Return every name in ``pins/`` (rule 3); none when there is no ``pins/``."""
         fd = self._open()
         if fd is None:
@@ -135,13 +135,13 @@ class PosixPins:
             self._close_quietly(fd)
         return True
 
-    def remove(self, names: Sequence[str]) -> None:
-        """Remove the pins ``names`` (absent ones are fine) and fsync ``pins/`` (rule 2)."""
+    def remove(self, names: Sequence[str]) -> list[str]:
+        """Remove the pins ``names`` (absent ones are fine) and fsync ``pins/`` (rule 2); return them."""
         if not names:
-            return
+            return []
         fd = self._open()
         if fd is None:
-            return
+            return list(names)
         try:
             for name in names:
                 try:
@@ -156,3 +156,4 @@ class PosixPins:
                 raise _error("sync", self._dir, exc) from exc
         finally:
             self._close_quietly(fd)
+        return list(names)

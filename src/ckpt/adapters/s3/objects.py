@@ -1,0 +1,209 @@
+"""The requests the S3 store makes on one bucket, each inside the error boundary (the adapter's rules 1-6).
+
+:class:`Bucket` knows the root's bucket and prefix and speaks to the injected client: paged listings
+(1000 keys a page, following continuation tokens), the exclusive create with ``If-None-Match: *`` (409
+conflicts retried a bounded number of times), quiet ``DeleteObjects`` 1000 keys a request reporting the
+keys S3 refused, and a ``GetObject`` whose body is asked for again when it breaks off mid-stream (botocore
+retries every request whose answer fails, but not a body it already handed over).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, Protocol
+
+from ckpt.adapters.s3.errors import (
+    CONDITIONAL_CONFLICT,
+    MISSING_OBJECT_CODES,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    botocore_errors,
+    client_error_code,
+    s3_errors,
+)
+from ckpt.domain.errors import StorageError
+from ckpt.domain.s3_root import S3Root
+from ckpt.domain.saves import too_large
+
+__all__ = ["PAGE_SIZE", "Bucket", "CreateOutcome", "S3Client"]
+
+PAGE_SIZE = 1000  # ListObjectsV2 returns at most 1000 keys a page; DeleteObjects takes at most 1000 keys
+# 409 ConditionalRequestConflict: another conditional write to the key is in flight; it settles quickly.
+_CONFLICT_ATTEMPTS = 4
+_CONFLICT_BACKOFF_SECONDS = 0.1  # doubled after every conflict: 0.1, 0.2, 0.4
+# A GetObject whose body breaks off mid-stream is sent again, this many times in all.
+_BODY_ATTEMPTS = 3
+
+CreateOutcome = Literal["created", "exists", "unsupported"]
+
+
+class S3Client(Protocol):
+    """The calls the store makes on a boto3 S3 client (keyword arguments and answers as boto3 has them)."""
+
+    def list_objects_v2(self, **kwargs: Any) -> dict[str, Any]: ...
+    def put_object(self, **kwargs: Any) -> dict[str, Any]: ...
+    def delete_objects(self, **kwargs: Any) -> dict[str, Any]: ...
+    def delete_object(self, **kwargs: Any) -> dict[str, Any]: ...
+    def get_object(self, **kwargs: Any) -> dict[str, Any]: ...
+    def head_object(self, **kwargs: Any) -> dict[str, Any]: ...
+
+
+class Bucket:
+    """The root's bucket and prefix, and the requests on it."""
+
+    __slots__ = ("client", "root")
+
+    def __init__(self, root: S3Root, client: S3Client) -> None:
+        self.root = root
+        self.client = client
+
+    def key(self, path: str) -> str:
+        """The key of a path relative to the root."""
+        return self.root.prefix + path
+
+    def url(self, key: str) -> str:
+        """The ``s3://`` URL of a key."""
+        return f"s3://{self.root.bucket}/{key}"
+
+    def errors(self, action: str, location: str) -> contextlib.AbstractContextManager[None]:
+        """The error boundary for one request about ``location``."""
+        return s3_errors(action, location, self.root.bucket)
+
+    def pages(self, prefix: str, *, delimiter: bool, action: str) -> Iterator[dict[str, Any]]:
+        """Yield the ``ListObjectsV2`` pages under ``prefix``, 1000 keys each, following continuation."""
+        params: dict[str, Any] = {"Bucket": self.root.bucket, "Prefix": prefix, "MaxKeys": PAGE_SIZE}
+        if delimiter:
+            params["Delimiter"] = "/"
+        location = self.url(prefix)
+        while True:
+            with self.errors(action, location):
+                page = self.client.list_objects_v2(**params)
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+            if not token:
+                raise StorageError(
+                    f"cannot {action} {location}: the storage truncated the listing without a continuation "
+                    "token",
+                    location=location,
+                )
+            params["ContinuationToken"] = token
+
+    def objects(self, prefix: str, *, action: str) -> list[dict[str, Any]]:
+        """Return every object (``Key``, ``Size``, ...) under ``prefix``, recursively."""
+        pages = self.pages(prefix, delimiter=False, action=action)
+        return [obj for page in pages for obj in page.get("Contents", ())]
+
+    def any_object_under(self, prefix: str, *, action: str) -> bool:
+        """Return True when at least one object's key starts with ``prefix`` (one request)."""
+        params = {"Bucket": self.root.bucket, "Prefix": prefix, "MaxKeys": 1}
+        with self.errors(action, self.url(prefix)):
+            page = self.client.list_objects_v2(**params)
+        return bool(page.get("Contents") or page.get("KeyCount"))
+
+    def create_exclusive(self, key: str, *, action: str) -> CreateOutcome:
+        """Create the empty object ``key`` with ``If-None-Match: *``; say whether it was created.
+
+        ``"exists"`` is 412 PreconditionFailed; ``"unsupported"`` is a storage that refuses the condition as
+        not implemented. 409 ConditionalRequestConflict is retried with a doubling pause, and raised
+        (translated) after the last attempt.
+        """
+        errors = botocore_errors()
+        location = self.url(key)
+        pause = _CONFLICT_BACKOFF_SECONDS
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            with self.errors(action, location):
+                try:
+                    self.client.put_object(Bucket=self.root.bucket, Key=key, Body=b"", IfNoneMatch="*")
+                except errors.ClientError as exc:
+                    code, status = client_error_code(exc)
+                    if code == PRECONDITION_FAILED:
+                        return "exists"
+                    if code == NOT_IMPLEMENTED or status == 501:
+                        return "unsupported"
+                    if code != CONDITIONAL_CONFLICT or attempt == _CONFLICT_ATTEMPTS:
+                        raise
+                else:
+                    return "created"
+            time.sleep(pause)
+            pause *= 2
+        raise AssertionError("unreachable: the last conflicting attempt raises")
+
+    def put(self, key: str, data: bytes, *, action: str) -> None:
+        """Write the object ``key`` (an acknowledged put is durable)."""
+        with self.errors(action, self.url(key)):
+            self.client.put_object(Bucket=self.root.bucket, Key=key, Body=data)
+
+    def delete_keys(self, keys: Sequence[str], *, action: str, location: str) -> list[tuple[str, str]]:
+        """Delete ``keys`` with ``DeleteObjects`` (quiet), 1000 a request; return the refused (key, code)."""
+        refused: list[tuple[str, str]] = []
+        for start in range(0, len(keys), PAGE_SIZE):
+            batch = keys[start : start + PAGE_SIZE]
+            with self.errors(action, location):
+                answer = self.client.delete_objects(
+                    Bucket=self.root.bucket,
+                    Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
+                )
+            for error in answer.get("Errors", ()):
+                code = str(error.get("Code") or "unknown error")
+                if code not in MISSING_OBJECT_CODES:  # already gone is what a delete asks for
+                    refused.append((str(error.get("Key", "?")), code))
+        return refused
+
+    def delete_object(self, key: str, *, action: str) -> None:
+        """Delete one object (deleting a missing key succeeds)."""
+        with self.errors(action, self.url(key)):
+            self.client.delete_object(Bucket=self.root.bucket, Key=key)
+
+    def get(self, key: str, *, action: str, limit: int) -> bytes | None:
+        """Return the object's content, or ``None`` when there is none; over ``limit`` bytes is ``too_large``.
+
+        A body that breaks off mid-stream is asked for again (``_BODY_ATTEMPTS`` in all).
+        """
+        errors = botocore_errors()
+        location = self.url(key)
+        with self.errors(action, location):
+            for attempt in range(1, _BODY_ATTEMPTS + 1):
+                try:
+                    answer = self.client.get_object(Bucket=self.root.bucket, Key=key)
+                except errors.ClientError as exc:
+                    if client_error_code(exc)[0] in MISSING_OBJECT_CODES:
+                        return None
+                    raise
+                body = answer["Body"]
+                try:
+                    size = answer.get("ContentLength")
+                    if isinstance(size, int) and size > limit:
+                        raise too_large(location, size)
+                    data = bytearray()
+                    # Read to the end (the empty read is where botocore checks the length it was promised),
+                    # but never more than one byte past the cap.
+                    while chunk := body.read(min(1 << 20, limit + 1 - len(data))):
+                        data += chunk
+                        if len(data) > limit:
+                            raise too_large(location)
+                except (errors.HTTPClientError, errors.IncompleteReadError):
+                    # The body broke off (cut short, connection reset, read timeout): botocore cannot retry
+                    # a body it already handed over, so the request is sent again.
+                    if attempt == _BODY_ATTEMPTS:
+                        raise
+                else:
+                    return bytes(data)
+                finally:
+                    body.close()
+        raise AssertionError("unreachable: the last failed attempt raises")
+
+    def head(self, key: str, *, action: str) -> bool:
+        """Return True when the object ``key`` exists (one ``HeadObject``)."""
+        errors = botocore_errors()
+        with self.errors(action, self.url(key)):
+            try:
+                self.client.head_object(Bucket=self.root.bucket, Key=key)
+            except errors.ClientError as exc:
+                if client_error_code(exc)[0] in MISSING_OBJECT_CODES:
+                    return False
+                raise
+        return True

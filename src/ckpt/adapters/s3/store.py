@@ -1,0 +1,262 @@
+"""The small store ports over one S3 root: the publication log, the save tree and the prune journal.
+
+Rules (the layout is the POSIX one: ``exec/<attempt>/...`` for saves, ``pub/<entry name>`` for entries, every
+key under ``PREFIX/`` or at the top of the bucket):
+
+1. The log creates an entry with one ``PutObject`` of an empty body and ``If-None-Match: *``: ``412
+   PreconditionFailed`` means it exists; ``409 ConditionalRequestConflict`` is retried a bounded number of
+   times; a storage that does not implement the condition cannot hold a log (``StorageError``). An
+   acknowledged put is durable. docs/adr/0007-s3-conditional-create.md explains why a retried put meeting
+   its own earlier success, reported as "exists", is safe.
+2. The log is read with ``ListObjectsV2`` and ``Delimiter='/'``, 1000 keys a page, and nothing else: n
+   entries cost ceil(n/1000) requests (at least one). A common prefix inside ``pub/`` is a sub-folder:
+   malformed. The zero-byte ``pub/`` marker some consoles create is ``pub/`` itself and is ignored.
+3. A save is a folder when at least one object's key starts with ``<save>/`` (one ``ListObjectsV2``,
+   ``MaxKeys=1``); when there is none, one ``HeadObject`` of ``<save>`` tells a file (not a save) from
+   nothing. A file inside a save is the object at exactly its key: objects under ``name/`` make a folder.
+   Keys ending in ``/`` are folder markers, not files.
+4. Removing entries and folders uses quiet ``DeleteObjects``, 1000 keys a request. Keys S3 refuses are never
+   hidden: refused entries raise ``StorageError`` listing them (they are still published, so they still
+   protect their folders); refused objects of a folder are reported in its outcome while the other folders
+   are still removed. A key reported ``NoSuchKey`` is gone, which is what was asked. S3 deletes do not say
+   whether a key existed, so every entry asked for is reported removed.
+5. The prune journal is ``<prefix>.ckpt-prune-<16 hex>``, beside ``pub/`` and ``exec/``: written with one
+   ``PutObject``, found with one listing, read with ``GetObject`` and dropped with ``DeleteObject``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+from ckpt.adapters.s3.client import S3Connection
+from ckpt.adapters.s3.errors import NOT_IMPLEMENTED
+from ckpt.adapters.s3.objects import Bucket, S3Client
+from ckpt.adapters.s3.pins import S3Pins
+from ckpt.application.checkpoint_store import CheckpointStore
+from ckpt.domain.entries import PUB_DIR_NAME
+from ckpt.domain.errors import MalformedError, StorageError
+from ckpt.domain.journal import JOURNAL_PREFIX
+from ckpt.domain.locator import Locator
+from ckpt.domain.ports import ExclusiveCreateProbe, FileInfo, SaveRemoval
+from ckpt.domain.prune import SKIP_ALREADY_GONE
+from ckpt.domain.s3_root import parse_s3_root
+from ckpt.domain.saves import SaveKind
+
+__all__ = ["ExclusiveCreateProbe", "S3Journal", "S3Log", "S3Store", "S3Tree"]
+
+# Outside pub/ and exec/, so a probe object can never look like an entry or a save.
+_PROBE_DIR = ".ckpt-doctor"
+_MAX_KEYS_IN_MESSAGE = 10
+# A journal lists folders, one a line: 256 MiB is millions of them, far beyond any prune.
+_MAX_JOURNAL_BYTES = 256 << 20
+
+
+def _refused_text(bucket: Bucket, refused: Sequence[tuple[str, str]]) -> str:
+    """Return "url (code), ..." for the first few refused keys, and how many more there are."""
+    shown = ", ".join(f"{bucket.url(key)} ({code})" for key, code in refused[:_MAX_KEYS_IN_MESSAGE])
+    more = len(refused) - _MAX_KEYS_IN_MESSAGE
+    return shown + (f", and {more} more" if more > 0 else "")
+
+
+class S3Log:
+    """The ``PublicationLog`` port over the keys under ``<prefix>pub/`` (rules 1, 2, 4)."""
+
+    __slots__ = ("_bucket", "_pub")
+
+    def __init__(self, bucket: Bucket) -> None:
+        self._bucket = bucket
+        self._pub = bucket.key(f"{PUB_DIR_NAME}/")
+
+    def list_names(self) -> list[str]:
+        """Return the names in ``pub/``; ``MalformedError`` for a sub-folder of ``pub/``."""
+        names: list[str] = []
+        for page in self._bucket.pages(self._pub, delimiter=True, action="list the publication log"):
+            folders = sorted(p["Prefix"] for p in page.get("CommonPrefixes", ()))
+            if folders:
+                name = folders[0][len(self._pub) : -1]
+                raise MalformedError(
+                    f"malformed entry {self._bucket.url(folders[0])!r} in pub/: a folder", value=name
+                )
+            names.extend(obj["Key"][len(self._pub) :] for obj in page.get("Contents", ()))
+        return [name for name in names if name]  # "" is the pub/ marker object (rule 2)
+
+    def create(self, name: str) -> bool:
+        """Create ``pub/<name>`` with ``If-None-Match: *`` (rule 1); False when it already exists."""
+        key = self._pub + name
+        outcome = self._bucket.create_exclusive(key, action="publish")
+        if outcome == "unsupported":
+            url = self._bucket.url(key)
+            raise StorageError(
+                f"cannot publish {url}: the storage does not implement If-None-Match: *, so it cannot hold "
+                f"a publication log ({NOT_IMPLEMENTED})",
+                location=url,
+            )
+        return outcome == "created"
+
+    def remove(self, names: Sequence[str]) -> list[str]:
+        """Delete the entries (rule 4); every name asked for is reported removed."""
+        keys = [self._pub + name for name in names]
+        pub_url = self._bucket.url(self._pub)
+        refused = self._bucket.delete_keys(keys, action="remove entries from", location=pub_url)
+        if refused:
+            raise StorageError(
+                f"prune could not remove {len(refused)} of {len(keys)} entries, so no folder was removed: "
+                + _refused_text(self._bucket, refused),
+                location=pub_url,
+            )
+        return list(names)
+
+
+class S3Tree:
+    """The ``SaveTree`` port over the keys under the root (rules 3, 4)."""
+
+    __slots__ = ("_bucket",)
+
+    def __init__(self, bucket: Bucket) -> None:
+        self._bucket = bucket
+
+    def kind(self, save: str) -> SaveKind:
+        """FOLDER when an object lies under ``<save>/``, else FILE or MISSING by one HeadObject (rule 3)."""
+        key = self._bucket.key(save)
+        if self._bucket.any_object_under(key + "/", action="check the save"):
+            return SaveKind.FOLDER
+        return SaveKind.FILE if self._bucket.head(key, action="check the save") else SaveKind.MISSING
+
+    def folders(self, path: str) -> list[str] | None:
+        """Return the common prefixes directly under ``path`` (the root when ``""``)."""
+        prefix = self._bucket.key(path + "/" if path else "")
+        found: list[str] = []
+        for page in self._bucket.pages(prefix, delimiter=True, action="list the folders of"):
+            for common in page.get("CommonPrefixes", ()):
+                name = common["Prefix"][len(prefix) : -1]
+                if name:  # "a//b" has an empty element: no folder a location could name
+                    found.append(name)
+        return found
+
+    def read_file(self, save: str, name: str, limit: int) -> bytes | None:
+        """Return the object ``<save>/<name>``, or ``None`` when there is none."""
+        return self._bucket.get(f"{self._bucket.key(save)}/{name}", action="read", limit=limit)
+
+    def is_file(self, save: str, name: str) -> bool:
+        """Return True when the object ``<save>/<name>`` exists (one ``HeadObject``)."""
+        return self._bucket.head(f"{self._bucket.key(save)}/{name}", action="check")
+
+    def files(self, save: str) -> list[FileInfo]:
+        """Return every object under the save with its size, sorted by relative path (markers left out)."""
+        prefix = self._bucket.key(save) + "/"
+        found = [
+            FileInfo(obj["Key"][len(prefix) :], int(obj.get("Size", 0)))
+            for obj in self._bucket.objects(prefix, action="list the files of")
+            if not obj["Key"].endswith("/")
+        ]
+        return sorted(found, key=lambda info: info.path)
+
+    def remove_saves(self, saves: Sequence[str]) -> list[SaveRemoval]:
+        """List and delete each save's objects; a save with none left is "already gone" (rule 4)."""
+        outcomes: list[SaveRemoval] = []
+        for save in saves:
+            prefix = self._bucket.key(save) + "/"
+            keys = [obj["Key"] for obj in self._bucket.objects(prefix, action="list the folder")]
+            if not keys:
+                outcomes.append(SaveRemoval(save, SKIP_ALREADY_GONE))
+                continue
+            location = self._bucket.url(self._bucket.key(save))
+            refused = self._bucket.delete_keys(keys, action="remove the folder", location=location)
+            outcomes.append(SaveRemoval(save, refused=tuple((self._bucket.url(k), c) for k, c in refused)))
+        return outcomes
+
+
+class S3Journal:
+    """The ``PruneJournal`` port: ``<prefix>.ckpt-prune-<hex>`` objects (rule 5). Identifiers are URLs."""
+
+    __slots__ = ("_bucket", "_prefix")
+
+    def __init__(self, bucket: Bucket) -> None:
+        self._bucket = bucket
+        self._prefix = bucket.key(JOURNAL_PREFIX)
+
+    def _key(self, identifier: str) -> str:
+        return identifier[len(self._bucket.url("")) :]
+
+    def write_journal(self, data: bytes) -> str:
+        """Put a new journal object; return its URL."""
+        key = self._prefix + secrets.token_hex(8)
+        self._bucket.put(key, data, action="write the prune journal")
+        return self._bucket.url(key)
+
+    def read_journals(self) -> list[tuple[str, bytes]]:
+        """List the journal objects and read each (one gone meanwhile is skipped)."""
+        found: list[tuple[str, bytes]] = []
+        for page in self._bucket.pages(self._prefix, delimiter=True, action="list the prune journals in"):
+            for obj in page.get("Contents", ()):
+                data = self._bucket.get(obj["Key"], action="read the prune journal", limit=_MAX_JOURNAL_BYTES)
+                if data is not None:
+                    found.append((self._bucket.url(obj["Key"]), data))
+        return sorted(found)
+
+    def drop_journals(self, identifiers: Sequence[str]) -> None:
+        """Delete each journal object."""
+        for identifier in identifiers:
+            self._bucket.delete_object(self._key(identifier), action="remove the prune journal")
+
+
+class S3Store(CheckpointStore):
+    """A checkpoint root in a bucket, ``s3://BUCKET`` or ``s3://BUCKET/PREFIX``, through a boto3 S3 client.
+
+    The client is injected (``open_s3_store`` builds one from the configuration); the store never creates
+    one. Safe to share across threads when the client is (boto3 clients are).
+    """
+
+    __slots__ = ("_bucket", "connection")
+
+    def __init__(self, root: str, client: S3Client, *, connection: S3Connection | None = None) -> None:
+        parsed = parse_s3_root(root)
+        self._bucket = Bucket(parsed, client)
+        #: How the client was built (endpoint, proxy, credentials), when ``open_s3_store`` built it.
+        self.connection = connection
+        locator = Locator(parsed.url, scheme="s3://", form="an s3:// URL")
+        super().__init__(
+            S3Log(self._bucket), S3Tree(self._bucket), locator, S3Journal(self._bucket), S3Pins(self._bucket)
+        )
+
+    @property
+    def bucket(self) -> str:
+        """The bucket name."""
+        return self._bucket.root.bucket
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix under which the root lives: ``""`` or ``"some/prefix/"``."""
+        return self._bucket.root.prefix
+
+    def probe_exclusive_create(self) -> ExclusiveCreateProbe:
+        """Check that the storage refuses a second ``If-None-Match: *`` create of a key (``ckpt doctor``).
+
+        Creates ``<root>/.ckpt-doctor/<random>`` (outside ``pub/`` and ``exec/``), creates it again, expects
+        412, and deletes it. A storage that refuses the header as unsupported (``NotImplemented``) does not
+        honour exclusive create; any other failure (access denied, unreachable) raises as usual.
+        """
+        bucket = self._bucket
+        key = bucket.key(f"{_PROBE_DIR}/{secrets.token_hex(8)}")
+        location = bucket.url(key)
+        action = "probe exclusive create at"
+        first = bucket.create_exclusive(key, action=action)
+        if first == "unsupported":
+            return ExclusiveCreateProbe(False, location, "the storage does not implement If-None-Match: *")
+        if first == "exists":
+            return ExclusiveCreateProbe(
+                False, location, "the storage refused to create a fresh random key with If-None-Match: *"
+            )
+        try:
+            second = bucket.create_exclusive(key, action=action)
+        finally:
+            bucket.delete_object(key, action="remove the probe object")
+        if second == "exists":
+            return ExclusiveCreateProbe(True, location, "a second If-None-Match: * create was refused (412)")
+        return ExclusiveCreateProbe(
+            False,
+            location,
+            "a second create with If-None-Match: * succeeded: the storage ignores the condition, so two "
+            "publishers could both believe they published the same entry",
+        )

@@ -1,0 +1,314 @@
+"""``CheckpointStore``: the public store API, every flow once over the small store ports
+(docs/spec/operations.md).
+
+A store technology provides a :class:`~ckpt.domain.ports.PublicationLog`, a
+:class:`~ckpt.domain.ports.SaveTree`, a :class:`~ckpt.domain.locator.Locator` and, optionally, a
+:class:`~ckpt.domain.ports.PruneJournal`; this class turns them into the ``WatchStore`` users get.
+
+Rules this module keeps:
+
+0. Every public method checks its arguments' types first (``ckpt.domain.arguments``): a wrong type is
+   ``InvalidTypeError`` on every store.
+1. Publish validates everything before touching storage: the location is under the root and names a valid
+   save, the entry name fits. Then the save must be a folder (``ckpt.domain.saves.check_save_kind``:
+   ``SaveNotFoundError`` when missing, ``InvalidError`` when it is something else), and the entry is
+   created exclusively (``ExistsError`` carrying the entry when it is already there).
+2. ``resolve`` is a pure read of the names: when the log offers its names in chunks
+   (:class:`~ckpt.domain.ports.ScansNameChunks`) no whole listing is held (benchmarks/README.md); any
+   oddity falls back to the plain listing, which reports it exactly as ``entries`` does.
+3. Prune: plan from one listing; read earlier journals and add the folders they left; in a dry run stop
+   there. Otherwise write a journal listing every folder about to go, remove the planned entries, read the
+   entries again, re-check the folders against them (``recheck_folders``), remove what is still to go in
+   one batch, report the skips, and drop the journals. A failure after the journal is written leaves it,
+   and the next prune finishes the job (docs/adr/0004-prune-safety.md).
+4. The watcher's reads take locations under the root only and file names that stay inside the save
+   (``ckpt.domain.saves``); the markers are regular files, read with a size cap (``MAX_READ_BYTES``).
+   ``sync_save`` checks the location and, when the tree can sync (:class:`~ckpt.domain.ports.SyncsSaves`:
+   POSIX), makes the save durable; elsewhere an acknowledged write is durable already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import closing
+from typing import TYPE_CHECKING
+
+import attrs
+
+from ckpt.domain.arguments import require_bool, require_instance, require_int
+from ckpt.domain.entries import PUB_DIR_NAME, Entry
+from ckpt.domain.errors import ExistsError, MalformedError, StorageError
+from ckpt.domain.journal import format_journal, parse_journal
+from ckpt.domain.locator import Locator
+from ckpt.domain.names import LatestEntryScan, format_entry_name, latest_entry_name, parse_entry_names
+from ckpt.domain.ports import (
+    FileInfo,
+    Folder,
+    PruneJournal,
+    PruneResult,
+    PublicationLog,
+    SaveTree,
+    ScansNameChunks,
+    SkippedFolder,
+    SyncsSaves,
+)
+from ckpt.domain.prune import leftover_folders, recheck_folders
+from ckpt.domain.saves import MAX_READ_BYTES, check_save_kind, validate_file_name
+
+if TYPE_CHECKING:
+    from ckpt.domain.follow import Followed, StopSignal
+
+__all__ = ["CheckpointStore"]
+_MAX_REFUSED_IN_MESSAGE = 10
+
+
+class CheckpointStore:
+    """A checkpoint root: the public ``WatchStore``, over one store's small ports."""
+
+    __slots__ = ("_chunks", "_journal", "_locator", "_log", "_pins", "_syncs", "_tree")
+
+    def __init__(
+        self,
+        log: PublicationLog,
+        tree: SaveTree,
+        locator: Locator,
+        journal: PruneJournal | None = None,
+        pins: PublicationLog | None = None,
+    ) -> None:
+        self._log = log
+        self._pins = pins  # the names in pins/ (ckpt.application.pins); a store without it has no pins
+        self._tree = tree
+        self._locator = locator
+        self._journal = journal
+        # Decided once (an isinstance check on a runtime protocol is not free): rule 2 and rule 4.
+        self._chunks = log if isinstance(log, ScansNameChunks) else None
+        self._syncs = tree if isinstance(tree, SyncsSaves) else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.root!r})"
+
+    @property
+    def root(self) -> str:
+        """The root in its canonical form."""
+        return self._locator.root
+
+    # -- locations -------------------------------------------------------------------------------------
+
+    def location(self, entry: Entry) -> str:
+        """Return where the save ``entry`` names lives, in the store's own form."""
+        return self._locator.location(require_instance(entry, Entry, "entry").save)
+
+    def exec_dir(self, attempt: str) -> str:
+        """Return the location of ``<root>/exec/<attempt>``; ``InvalidError`` for a bad attempt."""
+        return self._locator.exec_dir(attempt)
+
+    def save_of(self, location: str) -> str:
+        """Return the save path of a location under the root, or raise ``InvalidError``."""
+        return self._locator.save_of(location)
+
+    # -- publish ---------------------------------------------------------------------------------------
+
+    def publish(self, epoch: int, step: int, save_location: str) -> Entry:
+        """Publish the save at ``save_location`` as of ``epoch`` and ``step`` (rule 1)."""
+        require_int(epoch, "epoch")
+        require_int(step, "step")
+        entry = Entry(epoch, step, self._locator.save_of(save_location))
+        name = format_entry_name(entry)  # InvalidError for a save too long, before any request
+        check_save_kind(self._tree.kind(entry.save), self._locator.location(entry.save))
+        if not self._log.create(name):
+            where = f"{self._locator.base}{PUB_DIR_NAME}/{name}"
+            raise ExistsError(
+                f"already published: epoch {epoch} step {step} save {entry.save} ({where})", entry=entry
+            )
+        return entry
+
+    # -- reads -----------------------------------------------------------------------------------------
+
+    def entries(self) -> list[Entry]:
+        """Return every entry, ascending. A bad name in ``pub/`` raises ``MalformedError``."""
+        return parse_entry_names(self._log.list_names())
+
+    def resolve(self) -> Entry | None:
+        """Return the greatest entry, or ``None``: a pure read of the names (rule 2)."""
+        if self._chunks is not None:
+            scan = LatestEntryScan()
+            try:
+                with closing(self._chunks.iter_name_chunks(LatestEntryScan.CHUNK)) as chunks:
+                    for chunk in chunks:
+                        scan.add(chunk)
+                return scan.result()
+            except MalformedError:
+                pass  # the plain listing reports it precisely
+        return latest_entry_name(self._log.list_names())
+
+    # -- pins (the flows in ckpt.application.pins; docs/spec/operations.md §9), and prune ----------------
+
+    def pin_names(self) -> list[str]:
+        """Return the names in ``pins/`` (none when this store keeps no pins)."""
+        return self._pins.list_names() if self._pins is not None else []
+
+    def create_pin(self, name: str) -> bool:
+        """Create the pin ``name`` exclusively and durably; False when it was there."""
+        if self._pins is None:
+            raise StorageError(f"{self.root} keeps no pins", location=self.root)
+        return self._pins.create(name)
+
+    def remove_pins(self, names: Sequence[str]) -> None:
+        """Remove the pins ``names``; absent ones are fine."""
+        if self._pins is not None and names:
+            self._pins.remove(list(names))
+
+    def pin(self, entry: Entry) -> bool:
+        """Pin a published entry; True when this call pinned it (``ckpt.application.pins`` rule 2)."""
+        from ckpt.application.pins import pin_entry
+
+        return pin_entry(self, entry)
+
+    def unpin(self, entry: Entry) -> bool:
+        """Unpin an entry; True when it was pinned. Unpinning twice is not an error."""
+        from ckpt.application.pins import unpin_entry
+
+        return unpin_entry(self, entry)
+
+    def pinned(self) -> list[Entry]:
+        """Return the pinned entries, ascending; ``MalformedError`` for a bad name in ``pins/``."""
+        from ckpt.application.pins import pinned_entries
+
+        return pinned_entries(self)
+
+    def follow(
+        self,
+        *,
+        interval: float = 10.0,
+        from_start: bool = False,
+        scan_timeout: float | None = 120.0,
+        stop: StopSignal | None = None,
+    ) -> Iterator[Followed]:
+        """Yield each entry as it is published, once, marked as the latest or not (``following``)."""
+        from ckpt.application.following import follow
+
+        return follow(self, interval=interval, from_start=from_start, scan_timeout=scan_timeout, stop=stop)
+
+    def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
+        """Remove the entries no retention tier keeps, then the folders only they named (rule 3).
+
+        Pinned entries are kept, and every folder a pin names; the pins are read again with the entries
+        after the removals, and an entry pinned meanwhile is put back (``ckpt.application.pins`` rule 2).
+        """
+        from ckpt.application.pins import pinned_entries
+        from ckpt.domain.prune import Overlap
+        from ckpt.domain.retention import SKIP_PINNED, plan_retention
+
+        require_int(keep, "keep")
+        if keep_every is not None:
+            require_int(keep_every, "keep_every")
+        require_bool(dry_run, "dry_run")
+        entries = self.entries()
+        pins = pinned_entries(self)
+        retention = plan_retention(entries, keep, keep_every=keep_every, pinned=pins)
+        plan = retention.prune_plan
+        journals = self._journal.read_journals() if self._journal is not None else []
+        pinned_saves = Overlap(p.save for p in pins)
+        left = tuple(
+            f
+            for f in leftover_folders(plan, (f for name, data in journals for f in parse_journal(name, data)))
+            if not pinned_saves(f)
+        )
+        if dry_run:
+            folders = tuple(self._locator.location(f) for f in (*plan.folders, *left))
+            return PruneResult(plan.remove, folders, (), dry_run=True, kept=retention.kept)
+        journal = None
+        if self._journal is not None and (plan.folders or left):
+            journal = self._journal.write_journal(format_journal((*plan.folders, *left)))
+        removed_names = set(self._log.remove([format_entry_name(e) for e in plan.remove]))
+        # Read again: an entry published or pinned since the plan was made still protects its folder, and
+        # an entry this prune removed that is pinned now is put back (ckpt.application.pins rule 2).
+        pins = pinned_entries(self)
+        restored = {e for e in plan.remove if format_entry_name(e) in removed_names} & set(pins)
+        for entry in sorted(restored, key=lambda e: e.key):
+            self._log.create(format_entry_name(entry))
+        removed = tuple(e for e in plan.remove if format_entry_name(e) in removed_names and e not in restored)
+        pinned_now = Overlap(p.save for p in pins)
+        check = recheck_folders(
+            plan.folders, left, [*(e.save for e in self.entries()), *(p.save for p in pins)]
+        )
+        check = attrs.evolve(
+            check,
+            skipped=tuple((f, SKIP_PINNED if pinned_now(f) else why) for f, why in check.skipped),
+        )
+        try:
+            outcomes = self._tree.remove_saves(check.remove) if check.remove else []
+        except StorageError as exc:
+            raise _with_journal_note(exc, journal) from exc
+        skipped = [SkippedFolder(self._locator.location(f), why) for f, why in check.skipped]
+        removed_folders: list[str] = []
+        refused: list[tuple[str, str]] = []
+        for outcome in outcomes:
+            refused.extend(outcome.refused)
+            if outcome.skipped is not None:
+                skipped.append(SkippedFolder(self._locator.location(outcome.save), outcome.skipped))
+            elif not outcome.refused:
+                removed_folders.append(self._locator.location(outcome.save))
+        if refused:
+            raise _with_journal_note(
+                StorageError(
+                    f"prune removed {len(removed)} entries and {len(removed_folders)} folders, but the "
+                    f"storage refused to delete {len(refused)} objects: {_refused_text(refused)}",
+                    location=refused[0][0],
+                ),
+                journal,
+            )
+        if self._journal is not None and (journals or journal):
+            self._journal.drop_journals([*(name for name, _ in journals), *([journal] if journal else [])])
+        return PruneResult(removed, tuple(removed_folders), tuple(skipped), kept=retention.kept)
+
+    # -- what the watcher needs ------------------------------------------------------------------------
+
+    def folders(self, location: str) -> list[Folder]:
+        """Return the folders directly inside ``location`` (the root or a location under it)."""
+        path = self._locator.folder_of(location)
+        names = self._tree.folders(path)
+        base = self._locator.location(path) if path else self._locator.root
+        base = base.rstrip("/")
+        return [Folder(name, f"{base}/{name}") for name in names or ()]
+
+    def _file_of(self, save_location: str, name: str) -> str:
+        """Return the save path of ``save_location`` once ``name`` is known to be a clean path inside it."""
+        save = self._locator.save_of(save_location)
+        validate_file_name(name)
+        return save
+
+    def read_file(self, save_location: str, name: str) -> bytes | None:
+        """Return the content of the regular file ``name`` inside the save, or ``None`` when there is none."""
+        return self._tree.read_file(self._file_of(save_location, name), name, MAX_READ_BYTES)
+
+    def exists(self, save_location: str, name: str) -> bool:
+        """Return True when ``name`` inside the save is a regular file."""
+        return self._tree.is_file(self._file_of(save_location, name), name)
+
+    def files(self, save_location: str) -> list[FileInfo]:
+        """Return every file inside the save, recursively, sorted by path."""
+        return self._tree.files(self._locator.save_of(save_location))
+
+    def sync_save(self, save_location: str) -> None:
+        """Make the save's content durable before it is published, where the storage needs that (rule 4)."""
+        save = self._locator.save_of(save_location)
+        if self._syncs is not None:
+            self._syncs.sync_save(save)
+
+
+def _refused_text(refused: Sequence[tuple[str, str]]) -> str:
+    """Return "location (code), ..." for the first few refused objects, and how many more there are."""
+    shown = ", ".join(f"{location} ({code})" for location, code in refused[:_MAX_REFUSED_IN_MESSAGE])
+    more = len(refused) - _MAX_REFUSED_IN_MESSAGE
+    return shown + (f", and {more} more" if more > 0 else "")
+
+
+def _with_journal_note(error: StorageError, journal: str | None) -> StorageError:
+    """Return ``error`` saying where the folders still to remove are listed, when a journal was written."""
+    if journal is None:
+        return error
+    note = f"; the folders still to remove are listed in {journal}, and the next prune removes them"
+    again = type(error)(f"{error}{note}", location=error.location)
+    again.__cause__ = error.__cause__
+    return again
