@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from ckpt.adapters.s3 import S3Store
+from ckpt.application.following import follow
 from ckpt.domain.errors import ExistsError
 from ckpt.domain.names import format_entry_name
 from moto_seeded import RequestCounter, describe, moto_server, store_client
@@ -164,6 +166,46 @@ def _listing_rows(ctx: Context, client: Any, counter: RequestCounter, size: int,
     ]
 
 
+FOLLOW_INTERVAL = 0.05  # seconds; short, so that the row takes a fraction of a second plus moto's pages
+
+
+def _follow_row(ctx: Context, client: Any, counter: RequestCounter, size: int) -> Row:
+    """``follow`` with nothing published meanwhile: what each interval costs on the wire."""
+    store = S3Store(f"s3://{_bucket(size)}", client)
+    listings = 3 if ctx.quick else 5
+    stop = threading.Event()
+    done: list[None] = []
+
+    class CountedListings:
+        """The store as ``follow`` sees it, counting its listings and stopping after enough of them."""
+
+        root = store.root
+
+        def entries(self) -> Any:
+            listed = store.entries()
+            done.append(None)
+            if len(done) > listings:  # the listing of "now", then ``listings`` intervals
+                stop.set()
+            return listed
+
+    with counter.window() as sent:
+        wall = time.perf_counter()
+        found = list(follow(CountedListings(), interval=FOLLOW_INTERVAL, stop=stop))
+        wall = time.perf_counter() - wall
+    pages = math.ceil(size / 1000)
+    intervals = len(done) - 1
+    note = f"yielded {len(found)} entries, expected none" if found else ""
+    return Row(
+        "S3 follow, nothing new",
+        size_label(size),
+        f"{intervals} intervals of {FOLLOW_INTERVAL:g}s after the listing of now, {ms(wall)} in all; "
+        f"{describe(sent)}",
+        target=f"1 listing per interval = {pages} ListObjectsV2 each, nothing else",
+        passed=sent == Counter({"ListObjectsV2": pages * len(done)}) and not note,
+        note=note,
+    )
+
+
 def _publish_rows(ctx: Context, client: Any, counter: RequestCounter, size: int, step: int) -> list[Row]:
     store = S3Store(f"s3://{_bucket(size)}", client)
     location = f"{store.root}/{PUBLISH_SAVE}"
@@ -267,12 +309,14 @@ def bench_s3(ctx: Context) -> list[Row]:
         counter = RequestCounter(client)
         for n, size in enumerate(s3_sizes(ctx)):
             listing += _listing_rows(ctx, client, counter, size, warm=n == 0)
+            listing.append(_follow_row(ctx, client, counter, size))
             # Steps above every seeded entry's, so each publish creates a new, greatest entry.
             publishing += _publish_rows(ctx, client, counter, size, step=10**9)
         prunes = _prune_rows(client, counter)
         prunes.append(_prune_latency_row(client, counter))
     resolves = [row for row in listing if row.benchmark == "S3 resolve"]
     entries = [row for row in listing if row.benchmark == "S3 entries"]
+    follows = [row for row in listing if row.benchmark == "S3 follow, nothing new"]
     first_publish = [row for row in publishing if row.benchmark == "S3 publish"]
     again = [row for row in publishing if row.benchmark != "S3 publish"][:1]
-    return [*resolves, *entries, *first_publish, *again, *prunes]
+    return [*resolves, *entries, *follows, *first_publish, *again, *prunes]

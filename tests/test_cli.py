@@ -152,7 +152,7 @@ class TestEntriesPruneExecDir:
         assert text == [f"1 9 {root}/exec/a/ck-9", f"2 7 {root}/exec/b/ck-7"]
         documents = json.loads(ckpt("--root", str(root), "--json", "entries").stdout)
         assert [(d["epoch"], d["step"]) for d in documents] == [(1, 9), (2, 7)]
-        assert all(set(d) == ENTRY_KEYS for d in documents)
+        assert all(set(d) == ENTRY_KEYS | {"pinned"} for d in documents)  # entries also says "pinned"
 
     def test_prune_dry_run_then_prune(self, root: Path) -> None:
         """prune --dry-run reports without changing anything; prune removes entries and folders."""
@@ -172,7 +172,7 @@ class TestEntriesPruneExecDir:
         assert [e["step"] for e in dry["removed_entries"]] == [1, 2]
         assert (root / "exec/a/ck-1").exists()
         real = json.loads(ckpt("--root", str(root), "--json", "prune", "--keep", "1").stdout)
-        assert set(real) == {"dry_run", "removed_entries", "removed_folders", "skipped"}
+        assert set(real) == {"dry_run", "kept", "removed_entries", "removed_folders", "skipped"}
         assert real["dry_run"] is False
         assert sorted(real["removed_folders"]) == [f"{root}/exec/a/ck-1", f"{root}/exec/a/ck-2"]
         assert not (root / "exec/a/ck-1").exists()

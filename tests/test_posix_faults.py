@@ -306,6 +306,7 @@ PRUNE_CALLS = """
     scandir pub
     readdir pub
     close pub
+    open pins                       the plan: read pins/ (missing here: no pins)
     open .                          journals that earlier prunes left
     scandir .
     readdir .
@@ -322,7 +323,8 @@ PRUNE_CALLS = """
     unlink pub/<entry-2>
     fsync pub
     close pub
-    open pub                        the re-read
+    open pins                       the re-read: pins/ first, then pub/
+    open pub
     scandir pub
     readdir pub
     close pub

@@ -74,8 +74,8 @@ class TestPruneRequests:
         } == {
             "DeleteObjects": deletes,
             "folder listings": REMOVED,
-            "all listings": REMOVED + 3,  # and pub/ twice, and the prune journal's listing
-            "requests": 107,  # and the journal's put and delete
+            "all listings": REMOVED + 5,  # and pub/ twice, pins/ twice, and the prune journal's listing
+            "requests": 109,  # and the journal's put and delete
         }
         assert len(bucket.keys("exec/")) == KEEP * OBJECTS
         assert len(bucket.keys("pub/")) == KEEP

@@ -450,7 +450,7 @@ class TestPrune:
         log.clear()
         result = store.prune(1, dry_run=True)
         assert [e.step for e in result.removed_entries] == [1]
-        assert log.operations() == ["ListObjectsV2", "ListObjectsV2"]  # the log, then earlier journals
+        assert log.operations() == ["ListObjectsV2"] * 3  # the log, the pins, then earlier journals
 
     def test_an_entry_published_during_the_prune_protects_its_folder(self, moto: InProcess) -> None:
         """The log is read again after the entry deletions: a folder a new entry names is skipped."""
@@ -545,10 +545,12 @@ class TestPruneJournal:
         store.prune(1)
         assert log.operations() == [
             "ListObjectsV2",  # the plan
+            "ListObjectsV2",  # the pins for the plan: none
             "ListObjectsV2",  # journals earlier prunes left: none
             "PutObject",  # this prune's journal
             "DeleteObjects",  # the entry
-            "ListObjectsV2",  # the re-read
+            "ListObjectsV2",  # the re-read: the pins
+            "ListObjectsV2",  # the re-read: the entries
             "ListObjectsV2",  # the folder's objects
             "DeleteObjects",  # the folder
             "DeleteObject",  # the journal

@@ -34,10 +34,13 @@ from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
 from ckpt.store import open_store
 
 if TYPE_CHECKING:
+    from ckpt.application.following import follow
     from ckpt.application.verify import Verified, resolve_verified
     from ckpt.application.watcher import Watcher
+    from ckpt.domain.follow import Followed
     from ckpt.domain.frameworks import Framework, parse_framework
     from ckpt.domain.proxy import ProxyRule
+    from ckpt.domain.retention import KeepReason, Kept, RetentionPlan, plan_retention
     from ckpt.integrations.core import resume_location
 
 __all__ = [
@@ -48,15 +51,19 @@ __all__ = [
     "ExistsError",
     "FileInfo",
     "Folder",
+    "Followed",
     "Framework",
     "InvalidError",
     "InvalidTypeError",
+    "KeepReason",
+    "Kept",
     "MalformedError",
     "NotFoundError",
     "ProxyConfigError",
     "ProxyRule",
     "PrunePlan",
     "PruneResult",
+    "RetentionPlan",
     "SaveNotFoundError",
     "SaveReader",
     "ScanTimeoutError",
@@ -66,6 +73,7 @@ __all__ = [
     "Verified",
     "WatchStore",
     "Watcher",
+    "follow",
     "format_entry_name",
     "latest",
     "open_store",
@@ -75,6 +83,7 @@ __all__ = [
     "parse_framework",
     "parse_step",
     "plan_prune",
+    "plan_retention",
     "resolve_verified",
     "resume_location",
     "validate_attempt",
@@ -96,6 +105,12 @@ _LAZY = {
     "Verified": "ckpt.application.verify",
     "resolve_verified": "ckpt.application.verify",
     "resume_location": "ckpt.integrations.core",
+    "follow": "ckpt.application.following",
+    "KeepReason": "ckpt.domain.retention",
+    "Kept": "ckpt.domain.retention",
+    "RetentionPlan": "ckpt.domain.retention",
+    "plan_retention": "ckpt.domain.retention",
+    "Followed": "ckpt.domain.follow",
 }
 
 

@@ -29,8 +29,11 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing
+from typing import TYPE_CHECKING
+
+import attrs
 
 from ckpt.domain.arguments import require_bool, require_instance, require_int
 from ckpt.domain.entries import PUB_DIR_NAME, Entry
@@ -49,8 +52,11 @@ from ckpt.domain.ports import (
     SkippedFolder,
     SyncsSaves,
 )
-from ckpt.domain.prune import leftover_folders, plan_prune, recheck_folders
+from ckpt.domain.prune import leftover_folders, recheck_folders
 from ckpt.domain.saves import MAX_READ_BYTES, check_save_kind, validate_file_name
+
+if TYPE_CHECKING:
+    from ckpt.domain.follow import Followed, StopSignal
 
 __all__ = ["CheckpointStore"]
 _MAX_REFUSED_IN_MESSAGE = 10
@@ -59,7 +65,7 @@ _MAX_REFUSED_IN_MESSAGE = 10
 class CheckpointStore:
     """A checkpoint root: the public ``WatchStore``, over one store's small ports."""
 
-    __slots__ = ("_chunks", "_journal", "_locator", "_log", "_syncs", "_tree")
+    __slots__ = ("_chunks", "_journal", "_locator", "_log", "_pins", "_syncs", "_tree")
 
     def __init__(
         self,
@@ -67,8 +73,10 @@ class CheckpointStore:
         tree: SaveTree,
         locator: Locator,
         journal: PruneJournal | None = None,
+        pins: PublicationLog | None = None,
     ) -> None:
         self._log = log
+        self._pins = pins  # the names in pins/ (ckpt.application.pins); a store without it has no pins
         self._tree = tree
         self._locator = locator
         self._journal = journal
@@ -133,25 +141,101 @@ class CheckpointStore:
                 pass  # the plain listing reports it precisely
         return latest_entry_of_names(self._log.list_names())
 
-    # -- prune -----------------------------------------------------------------------------------------
+    # -- pins (the flows in ckpt.application.pins; docs/spec/operations.md §9), and prune ----------------
 
-    def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
-        """Remove all but the ``keep`` greatest entries, then the folders only they named (rule 3)."""
+    def pin_names(self) -> list[str]:
+        """Return the names in ``pins/`` (none when this store keeps no pins)."""
+        return self._pins.list_names() if self._pins is not None else []
+
+    def create_pin(self, name: str) -> bool:
+        """Create the pin ``name`` exclusively and durably; False when it was there."""
+        if self._pins is None:
+            raise StorageError(f"{self.root} keeps no pins", location=self.root)
+        return self._pins.create(name)
+
+    def remove_pins(self, names: Sequence[str]) -> None:
+        """Remove the pins ``names``; absent ones are fine."""
+        if self._pins is not None and names:
+            self._pins.remove(list(names))
+
+    def pin(self, entry: Entry) -> bool:
+        """Pin a published entry; True when this call pinned it (``ckpt.application.pins`` rule 2)."""
+        from ckpt.application.pins import pin_entry
+
+        return pin_entry(self, entry)
+
+    def unpin(self, entry: Entry) -> bool:
+        """Unpin an entry; True when it was pinned. Unpinning twice is not an error."""
+        from ckpt.application.pins import unpin_entry
+
+        return unpin_entry(self, entry)
+
+    def pinned(self) -> list[Entry]:
+        """Return the pinned entries, ascending; ``MalformedError`` for a bad name in ``pins/``."""
+        from ckpt.application.pins import pinned_entries
+
+        return pinned_entries(self)
+
+    def follow(
+        self,
+        *,
+        interval: float = 10.0,
+        from_start: bool = False,
+        scan_timeout: float | None = 120.0,
+        stop: StopSignal | None = None,
+    ) -> Iterator[Followed]:
+        """Yield each entry as it is published, once, marked as the latest or not (``following``)."""
+        from ckpt.application.following import follow
+
+        return follow(self, interval=interval, from_start=from_start, scan_timeout=scan_timeout, stop=stop)
+
+    def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
+        """Remove the entries no retention tier keeps, then the folders only they named (rule 3).
+
+        Pinned entries are kept, and every folder a pin names; the pins are read again with the entries
+        after the removals, and an entry pinned meanwhile is put back (``ckpt.application.pins`` rule 2).
+        """
+        from ckpt.application.pins import pinned_entries
+        from ckpt.domain.prune import Overlap
+        from ckpt.domain.retention import SKIP_PINNED, plan_retention
+
         require_int(keep, "keep")
+        if keep_every is not None:
+            require_int(keep_every, "keep_every")
         require_bool(dry_run, "dry_run")
-        plan = plan_prune(self.entries(), keep)
+        entries = self.entries()
+        pins = pinned_entries(self)
+        retention = plan_retention(entries, keep, keep_every=keep_every, pinned=pins)
+        plan = retention.prune_plan
         journals = self._journal.read_journals() if self._journal is not None else []
-        left = leftover_folders(plan, (f for name, data in journals for f in parse_journal(name, data)))
+        pinned_saves = Overlap(p.save for p in pins)
+        left = tuple(
+            f
+            for f in leftover_folders(plan, (f for name, data in journals for f in parse_journal(name, data)))
+            if not pinned_saves(f)
+        )
         if dry_run:
             folders = tuple(self._locator.location(f) for f in (*plan.folders, *left))
-            return PruneResult(plan.remove, folders, (), dry_run=True)
+            return PruneResult(plan.remove, folders, (), dry_run=True, kept=retention.kept)
         journal = None
         if self._journal is not None and (plan.folders or left):
             journal = self._journal.write_journal(format_journal((*plan.folders, *left)))
         removed_names = set(self._log.remove([format_entry_name(e) for e in plan.remove]))
-        removed = tuple(e for e in plan.remove if format_entry_name(e) in removed_names)
-        # Read again: an entry published since the plan was made still protects its folder.
-        check = recheck_folders(plan.folders, left, (e.save for e in self.entries()))
+        # Read again: an entry published or pinned since the plan was made still protects its folder, and
+        # an entry this prune removed that is pinned now is put back (ckpt.application.pins rule 2).
+        pins = pinned_entries(self)
+        restored = {e for e in plan.remove if format_entry_name(e) in removed_names} & set(pins)
+        for entry in sorted(restored, key=lambda e: e.key):
+            self._log.create(format_entry_name(entry))
+        removed = tuple(e for e in plan.remove if format_entry_name(e) in removed_names and e not in restored)
+        pinned_now = Overlap(p.save for p in pins)
+        check = recheck_folders(
+            plan.folders, left, [*(e.save for e in self.entries()), *(p.save for p in pins)]
+        )
+        check = attrs.evolve(
+            check,
+            skipped=tuple((f, SKIP_PINNED if pinned_now(f) else why) for f, why in check.skipped),
+        )
         try:
             outcomes = self._tree.remove_saves(check.remove) if check.remove else []
         except StorageError as exc:
@@ -176,7 +260,7 @@ class CheckpointStore:
             )
         if self._journal is not None and (journals or journal):
             self._journal.drop_journals([*(name for name, _ in journals), *([journal] if journal else [])])
-        return PruneResult(removed, tuple(removed_folders), tuple(skipped))
+        return PruneResult(removed, tuple(removed_folders), tuple(skipped), kept=retention.kept)
 
     # -- what the watcher needs ------------------------------------------------------------------------
 

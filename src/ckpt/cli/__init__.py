@@ -25,10 +25,11 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from ckpt.domain.entries import MAX_U64
-from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
+from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError, NotFoundError
 
 if TYPE_CHECKING:
     from ckpt.config import Config
+    from ckpt.domain.entries import Entry
     from ckpt.domain.ports import WatchStore
 
 __all__ = ["Context", "main"]
@@ -212,10 +213,12 @@ def _cmd_entries(ctx: Context) -> int:
 
     store = ctx.store()
     entries = store.entries()
+    pinned = set(store.pinned())
     if ctx.json:
-        print_json([entry_document(store, e) for e in entries], ctx.stdout)
+        print_json([{**entry_document(store, e), "pinned": e in pinned} for e in entries], ctx.stdout)
     else:
-        ctx.stdout.write("".join(entry_line(store, e) + "\n" for e in entries))
+        lines = (entry_line(store, e) + (" (pinned)" if e in pinned else "") + "\n" for e in entries)
+        ctx.stdout.write("".join(lines))
     return EXIT_OK
 
 
@@ -235,15 +238,21 @@ def _cmd_publish(ctx: Context) -> int:
 
 
 def _cmd_prune(ctx: Context) -> int:
-    from ckpt.cli.output import print_json, prune_document
+    from ckpt.cli.output import kept_reasons, print_json, prune_document
 
     keep = whole_number(ctx.args.keep, "--keep", minimum=1)
+    every = ctx.args.keep_every
+    keep_every = None if every is None else whole_number(every, "--keep-every", minimum=1)
     store = ctx.store()
-    result = store.prune(keep, dry_run=ctx.args.dry_run)
+    result = store.prune(keep, keep_every=keep_every, dry_run=ctx.args.dry_run)
     if ctx.json:
         print_json(prune_document(store, result), ctx.stdout)
         return EXIT_OK
     verb = "would remove" if result.dry_run else "removed"
+    for kept in result.kept:
+        entry = kept.entry
+        why = kept_reasons(kept, keep, keep_every)
+        ctx.say(f"kept entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} ({why})")
     for entry in result.removed_entries:
         ctx.say(f"{verb} entry: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
     for folder in result.removed_folders:
@@ -252,6 +261,67 @@ def _cmd_prune(ctx: Context) -> int:
         ctx.say(f"kept folder: {skip.location} ({skip.reason})")
     if not (result.removed_entries or result.removed_folders or result.skipped):
         ctx.say("nothing to prune")
+    return EXIT_OK
+
+
+def _selected(ctx: Context, store: WatchStore, candidates: list[Entry]) -> list[Entry]:
+    """The candidates ``SAVE`` and/or ``--epoch`` and ``--step`` select (``pin``, ``unpin``)."""
+    from ckpt.domain.entries import parse_epoch, parse_step
+
+    args = ctx.args
+    if args.save is None and (args.epoch is None or args.step is None):
+        raise UsageError(f"{args.command}: name the entry by SAVE, or by --epoch and --step")
+    location = None if args.save is None else ctx.save_location(args.save).rstrip("/")
+    epoch = None if args.epoch is None else parse_epoch(args.epoch)
+    step = None if args.step is None else parse_step(args.step)
+    return [
+        e
+        for e in candidates
+        if (location is None or store.location(e) == location)
+        and (epoch is None or e.epoch == epoch)
+        and (step is None or e.step == step)
+    ]
+
+
+def _cmd_pin(ctx: Context) -> int:
+    from ckpt.cli.output import entry_document, print_json
+
+    store = ctx.store()
+    chosen = _selected(ctx, store, store.entries())
+    if not chosen:
+        ctx.warn("no published entry matches: nothing to pin")
+        return EXIT_NOTHING
+    documents = []
+    for entry in chosen:
+        try:
+            created = store.pin(entry)
+        except NotFoundError as exc:  # a prune removed it meanwhile (ckpt.application.pins rule 2)
+            ctx.warn(str(exc))
+            return EXIT_NOTHING
+        documents.append({**entry_document(store, entry), "already_pinned": not created})
+        if not ctx.json:
+            what = "pinned" if created else "already pinned"
+            ctx.say(f"{what}: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
+    if ctx.json:
+        print_json({"pinned": documents}, ctx.stdout)
+    return EXIT_OK
+
+
+def _cmd_unpin(ctx: Context) -> int:
+    from ckpt.cli.output import entry_document, print_json
+
+    store = ctx.store()
+    chosen = _selected(ctx, store, store.pinned())
+    documents = []
+    for entry in chosen:
+        if store.unpin(entry):
+            documents.append(entry_document(store, entry))
+            if not ctx.json:
+                ctx.say(f"unpinned: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
+    if ctx.json:
+        print_json({"unpinned": documents}, ctx.stdout)
+    elif not documents:
+        ctx.say("not pinned: nothing to unpin")
     return EXIT_OK
 
 
@@ -267,7 +337,9 @@ def _cmd_exec_dir(ctx: Context) -> int:
 
 
 # Commands whose only possible source of log records is the store they open (see main()).
-_STORE_COMMANDS = frozenset({_cmd_resolve, _cmd_entries, _cmd_publish, _cmd_prune, _cmd_exec_dir})
+_STORE_COMMANDS = frozenset(
+    {_cmd_resolve, _cmd_entries, _cmd_publish, _cmd_prune, _cmd_exec_dir, _cmd_pin, _cmd_unpin}
+)
 
 
 def _cmd_demo(ctx: Context) -> int:
@@ -312,10 +384,23 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("save", metavar="SAVE", help="path or s3:// URL under the root, or relative to it")
     p.set_defaults(handler=_cmd_publish)
 
-    p = commands.add_parser("prune", help="keep the N latest entries and remove what only the others need")
-    p.add_argument("--keep", required=True, help="how many entries to keep (>= 1)")
+    p = commands.add_parser(
+        "prune", help="keep the N latest, every K steps and the pinned entries; remove what only others need"
+    )
+    p.add_argument("--keep", required=True, help="how many of the latest entries to keep (>= 1)")
+    p.add_argument("--keep-every", metavar="K", help="also keep every entry whose step is a multiple of K")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     p.set_defaults(handler=_cmd_prune)
+
+    for name, handler, what in (
+        ("pin", _cmd_pin, "protect an entry (and its folder) from every prune"),
+        ("unpin", _cmd_unpin, "remove an entry's pin (not an error when there is none)"),
+    ):
+        p = commands.add_parser(name, help=f"{what}: by SAVE, or by --epoch and --step")
+        p.add_argument("save", metavar="SAVE", nargs="?", help="the entry's save: path, URL or relative")
+        p.add_argument("--epoch", help="the entry's epoch (never taken from DISPATCH_EPOCH)")
+        p.add_argument("--step", help="the entry's step")
+        p.set_defaults(handler=handler)
 
     p = commands.add_parser("exec-dir", help="the folder one execution saves into")
     p.add_argument("--attempt", help="execution attempt (DISPATCH_ATTEMPT)")
@@ -338,7 +423,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 # Command modules with their own ``register(subparsers)`` and ``run(ctx)``; they import their heavy
 # dependencies inside ``run``.
-_EXTRA_COMMANDS: tuple[str, ...] = ("doctor", "watch", "resume")
+_EXTRA_COMMANDS: tuple[str, ...] = ("doctor", "follow", "watch", "resume")
 
 
 def main(

@@ -10,8 +10,9 @@ from typing import IO, Any
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import PruneResult, Store
+from ckpt.domain.retention import KeepReason, Kept
 
-__all__ = ["entry_document", "entry_line", "json_text", "print_json", "prune_document"]
+__all__ = ["entry_document", "entry_line", "json_text", "kept_reasons", "print_json", "prune_document"]
 
 # Lone surrogates can only stand inside JSON strings, where a \u escape means the same code point.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -33,10 +34,23 @@ def entry_line(store: Store, entry: Entry) -> str:
     return f"{entry.epoch} {entry.step} {store.location(entry)}"
 
 
+def kept_reasons(kept: Kept, keep: int, keep_every: int | None) -> str:
+    """``latest 3, every 1000, pinned``: why prune keeps an entry, in words."""
+    words = {
+        KeepReason.LATEST: f"latest {keep}",
+        KeepReason.EVERY: f"every {keep_every}",
+        KeepReason.PINNED: "pinned",
+    }
+    return ", ".join(words[reason] for reason in kept.reasons)
+
+
 def prune_document(store: Store, result: PruneResult) -> dict[str, Any]:
-    """The ``prune`` document."""
+    """The ``prune`` document; each kept entry carries its ``reasons`` (``latest``, ``every``, ``pinned``)."""
     return {
         "dry_run": result.dry_run,
+        "kept": [
+            {**entry_document(store, k.entry), "reasons": [r.value for r in k.reasons]} for k in result.kept
+        ],
         "removed_entries": [entry_document(store, e) for e in result.removed_entries],
         "removed_folders": list(result.removed_folders),
         "skipped": [{"location": s.location, "reason": s.reason} for s in result.skipped],

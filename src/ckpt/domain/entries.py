@@ -9,7 +9,7 @@ Rules (SPEC §2, §3):
 
 * epoch and step are unsigned 64-bit integers.
 * a save is clean, relative, slash-separated, valid UTF-8 without NUL or ASCII control characters (C0 and
-  DEL), not the root itself, and not ``pub`` or anything inside it.
+  DEL), not the root itself, and not ``pub`` or ``pins`` or anything inside them.
 * an attempt is exactly one path element: non-empty, not ``.``/``..``, no ``/``, no control character, at most
   255 UTF-8 bytes.
 """
@@ -27,6 +27,7 @@ from ckpt.domain.errors import InvalidError
 __all__ = [
     "EXEC_DIR_NAME",
     "MAX_U64",
+    "PINS_DIR_NAME",
     "PUB_DIR_NAME",
     "Entry",
     "latest",
@@ -39,6 +40,7 @@ __all__ = [
 
 EXEC_DIR_NAME = "exec"
 PUB_DIR_NAME = "pub"
+PINS_DIR_NAME = "pins"  # the pins (docs/spec/layout.md): like pub/, never a save
 MAX_U64 = 2**64 - 1
 
 # ASCII control characters: C0 (0x00-0x1f) and DEL (0x7f). NUL is among them.
@@ -167,6 +169,8 @@ def save_error(save: object) -> str | None:
         return "has a '.' or '..' path element (not clean)"
     if elements[0] == PUB_DIR_NAME:
         return "is pub/ or inside it (the publication log is not a save)"
+    if elements[0] == PINS_DIR_NAME:
+        return "is pins/ or inside it (the pins are not a save)"
     return None
 
 

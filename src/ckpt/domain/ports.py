@@ -18,13 +18,17 @@ relative to the root (``exec/a/ck-1``; ``""`` is the root itself where a folder 
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
 from ckpt.domain.entries import Entry
 from ckpt.domain.saves import SaveKind
+
+if TYPE_CHECKING:
+    from ckpt.domain.follow import Followed, StopSignal
+    from ckpt.domain.retention import Kept
 
 __all__ = [
     "ExclusiveCreateProbe",
@@ -62,6 +66,7 @@ class PruneResult:
     removed_folders: tuple[str, ...]
     skipped: tuple[SkippedFolder, ...]
     dry_run: bool = False
+    kept: tuple[Kept, ...] = ()  # every entry kept, with why (latest, every, pinned), ascending
 
 
 @attrs.frozen
@@ -111,11 +116,46 @@ class Store(Protocol):
         """Return the greatest entry, or ``None``. A pure read: no lock, no write, no check of the save."""
         ...
 
-    def prune(self, keep: int, *, dry_run: bool = False) -> PruneResult:
-        """Remove all but the ``keep`` greatest entries, then the folders only removed entries named.
+    def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
+        """Remove the entries no retention tier keeps, then the folders only removed entries named.
 
-        Entries are read again after the removals and before any folder is removed. ``keep < 1`` raises
+        Kept: the ``keep`` greatest entries, every entry whose step is a multiple of ``keep_every`` (when
+        given), and every pinned entry; no folder a kept entry or a pin needs is removed
+        (``ckpt.domain.retention``). Entries and pins are read again after the removals and before any
+        folder is removed; an entry pinned meanwhile is put back. ``keep < 1`` or ``keep_every < 1`` raises
         ``InvalidError``. With ``dry_run`` nothing is changed and the result says what would be removed.
+        """
+        ...
+
+    def pin(self, entry: Entry) -> bool:
+        """Pin the published ``entry`` so that no prune removes it or its folder (``ckpt.application.pins``).
+
+        Returns True when this call pinned it, False when it was already pinned. ``NotFoundError`` when
+        the entry is not published (or a prune removed it while it was being pinned).
+        """
+        ...
+
+    def unpin(self, entry: Entry) -> bool:
+        """Remove the pin of ``entry``; True when there was one. Unpinning twice is not an error."""
+        ...
+
+    def pinned(self) -> list[Entry]:
+        """Return the pinned entries, ascending; ``MalformedError`` for a bad name in ``pins/``."""
+        ...
+
+    def follow(
+        self,
+        *,
+        interval: float = 10.0,
+        from_start: bool = False,
+        scan_timeout: float | None = 120.0,
+        stop: StopSignal | None = None,
+    ) -> Iterator[Followed]:
+        """Yield each entry once as it is published, in log order, marked when it is not the latest.
+
+        Starts from the moment of the call unless ``from_start``; one listing per ``interval`` seconds,
+        each bounded by ``scan_timeout``; ``stop`` ends it before its next listing
+        (``ckpt.application.following``).
         """
         ...
 

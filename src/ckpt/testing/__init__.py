@@ -126,17 +126,47 @@ class _MemoryTree:
         self.blobs = {f: v for f, v in self.blobs.items() if not f.startswith(inside)}
 
 
+class _MemoryPins:
+    """The pins in memory: the names in ``pins/`` (a ``PublicationLog``, as ``pub/`` is)."""
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self.lock = lock
+        self.names: set[str] = set()
+        self.dirs: set[str] = set()  # names in pins/ that are folders (malformed; for tests)
+
+    def list_names(self) -> list[str]:
+        with self.lock:
+            if self.dirs:
+                name = min(self.dirs)
+                raise MalformedError(f"malformed pin {name!r} in pins/: a folder", value=name)
+            return list(self.names)
+
+    def create(self, name: str) -> bool:
+        with self.lock:
+            if name in self.names or name in self.dirs:
+                return False
+            self.names.add(name)
+            return True
+
+    def remove(self, names: Sequence[str]) -> list[str]:
+        with self.lock:
+            removed = [name for name in names if name in self.names]
+            self.names.difference_update(removed)
+            return removed
+
+
 class InMemoryStore(CheckpointStore):
     """A checkpoint root held in memory. Locations look like ``memory://<name>/<save>``."""
 
-    __slots__ = ("_memory",)
+    __slots__ = ("_memory", "_memory_pins")
 
     def __init__(self, name: str = "root") -> None:
         if not require_str(name, "in-memory root name") or "/" in name:
             raise InvalidError(f"in-memory root name {name!r} must be one non-empty path element")
         self._memory = _MemoryTree(f"memory://{name}")
         locator = Locator(self._memory.root, scheme="memory://", form="a memory:// location")
-        super().__init__(self._memory, self._memory, locator)
+        self._memory_pins = _MemoryPins(self._memory.lock)
+        super().__init__(self._memory, self._memory, locator, pins=self._memory_pins)
 
     # -- building trees in tests -----------------------------------------------------------------------
 
@@ -162,6 +192,11 @@ class InMemoryStore(CheckpointStore):
         """Put any name into ``pub/``, bypassing validation (to test how malformed names are refused)."""
         with self._memory.lock:
             (self._memory.pub_dirs if folder else self._memory.pub).add(name)
+
+    def put_raw_pin(self, name: str, *, folder: bool = False) -> None:
+        """Put any name into ``pins/``, bypassing validation (to test how malformed pins are refused)."""
+        with self._memory.lock:
+            (self._memory_pins.dirs if folder else self._memory_pins.names).add(name)
 
     def raw_names(self) -> list[str]:
         """Return the names in ``pub/``, sorted, without parsing them."""

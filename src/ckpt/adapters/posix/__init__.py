@@ -19,6 +19,7 @@ from contextlib import suppress
 
 from ckpt.adapters.posix.journal import PosixJournal
 from ckpt.adapters.posix.log import PosixLog
+from ckpt.adapters.posix.pins import PosixPins
 from ckpt.adapters.posix.syscalls import CREATE_FLAGS, PosixRoot, Syscalls
 from ckpt.adapters.posix.tree import PosixTree
 from ckpt.application.checkpoint_store import CheckpointStore
@@ -64,7 +65,8 @@ class PosixStore(CheckpointStore):
         self._at = PosixRoot(normalized, syscalls if syscalls is not None else Syscalls())
         locator = Locator(normalized, scheme="/", form="an absolute path")
         tree = PosixTree(self._at)
-        super().__init__(PosixLog(self._at), tree, locator, PosixJournal(self._at))
+        pins = PosixPins(normalized, self._at.sys)
+        super().__init__(PosixLog(self._at), tree, locator, PosixJournal(self._at), pins)
 
     def probe_exclusive_create(self) -> ExclusiveCreateProbe:
         """Create a probe file twice with ``O_EXCL`` beside ``pub/``; the second create must fail with EEXIST.

@@ -35,6 +35,7 @@ from ckpt.adapters.concurrent_probe import DEFAULT_WRITERS, run_at_once
 from ckpt.adapters.s3.client import S3Connection
 from ckpt.adapters.s3.errors import NOT_IMPLEMENTED
 from ckpt.adapters.s3.objects import Bucket, S3Client
+from ckpt.adapters.s3.pins import S3Pins
 from ckpt.application.checkpoint_store import CheckpointStore
 from ckpt.domain.entries import PUB_DIR_NAME
 from ckpt.domain.errors import MalformedError, StorageError
@@ -238,7 +239,9 @@ class S3Store(CheckpointStore):
         #: How the client was built (endpoint, proxy, credentials), when ``open_s3_store`` built it.
         self.connection = connection
         locator = Locator(parsed.url, scheme="s3://", form="an s3:// URL")
-        super().__init__(S3Log(self._bucket), S3Tree(self._bucket), locator, S3Journal(self._bucket))
+        super().__init__(
+            S3Log(self._bucket), S3Tree(self._bucket), locator, S3Journal(self._bucket), S3Pins(self._bucket)
+        )
 
     @property
     def bucket(self) -> str:
