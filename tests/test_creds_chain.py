@@ -1,5 +1,5 @@
 """The credential value, the chain's absent/broken/nothing rules, the ``env`` and ``aws-default`` sources,
-and the ``[[credentials]]`` configuration (SPEC §6, §9)."""
+and the ``[[credentials]]`` configuration (spec/credentials.md, §9)."""
 
 from __future__ import annotations
 
@@ -424,13 +424,13 @@ INVALID: list[tuple[str, list[object], str]] = [
 
 class TestConfig:
     def test_no_tables_means_botocores_default_chain(self) -> None:
-        """An absent ``[[credentials]]`` is botocore's default chain (SPEC §6)."""
+        """An absent ``[[credentials]]`` is botocore's default chain (spec/credentials.md)."""
         chain = chain_from_config([])
         assert chain.names == ("aws-default",)
         assert isinstance(chain.sources[0], AwsDefaultSource)
 
     def test_the_spec_example_builds_the_chain_in_order(self) -> None:
-        """The SPEC §9 example gives env, file, vault, aws-default with every setting carried over."""
+        """The spec/config.md example gives env, file, vault, aws-default with every setting carried over."""
         chain = chain_from_config(FULL_EXAMPLE, environ={})
         assert chain.names == ("env", "file", "vault", "aws-default")
         file_source, vault = chain.sources[1], chain.sources[2]
@@ -455,7 +455,7 @@ class TestConfig:
         )
 
     def test_defaults_fill_optional_keys(self) -> None:
-        """Optional keys take SPEC §9's defaults: KV mount ``secret``, auth mounts named after the method."""
+        """Optional keys take spec/config.md's defaults: KV mount ``secret``, auth mounts named after the method."""
         chain = chain_from_config([_vault(), _approle(role_id="rid", secret_id_file="/run/sid")])
         kube, approle = chain.sources
         assert isinstance(kube, VaultSource)

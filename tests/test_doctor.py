@@ -54,7 +54,7 @@ def s3_config(path: Path, bucket: str, endpoint: str, style: str, http_proxy: st
 
 
 class TestDoctorProxyCheck:
-    """The proxy check connects to the proxy the root's host is routed through (SPEC §7, issue 9)."""
+    """The proxy check connects to the proxy the root's host is routed through (spec/proxy.md, issue 9)."""
 
     @pytest.fixture
     def bucket(self, moto_server: str) -> str:

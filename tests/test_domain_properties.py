@@ -75,12 +75,12 @@ from support.strategies import (
 
 
 def oracle_name(epoch: int, step: int, save: str) -> str:
-    """The entry name SPEC §3 prescribes, built from the standard library."""
+    """The entry name spec/names.md prescribes, built from the standard library."""
     return f"{epoch:020d}-{step:020d}-{b32(save.encode('utf-8'))}"
 
 
 def oracle_attempt_ok(attempt: str) -> bool:
-    """SPEC §2 for attempts, spelled out naively."""
+    """spec/layout.md for attempts, spelled out naively."""
     try:
         size = len(attempt.encode("utf-8"))
     except UnicodeEncodeError:
@@ -97,7 +97,7 @@ _ORACLE_NAME = re.compile(r"([0-9]{20})-([0-9]{20})-([A-Z2-7]+)")
 
 
 def oracle_parse(name: str) -> tuple[int, int, str] | None:
-    """Decode ``name`` as SPEC §3 says, or return None: decode, then insist the encoding is canonical."""
+    """Decode ``name`` as spec/names.md says, or return None: decode, then insist the encoding is canonical."""
     match = _ORACLE_NAME.fullmatch(name)
     if match is None or len(name.encode("utf-8")) > 255:
         return None
@@ -188,7 +188,7 @@ def assert_bulk_agrees(names: list[str]) -> None:
 
 
 class TestRoundTrip:
-    """Names encode and decode without loss (SPEC §3)."""
+    """Names encode and decode without loss (spec/names.md)."""
 
     @given(entry=entries)
     def test_name_round_trip(self, entry: Entry) -> None:
@@ -216,7 +216,7 @@ class TestRoundTrip:
 
 
 class TestCanonicalForm:
-    """Parsing is exact: only the encoder's own output is accepted (SPEC §3)."""
+    """Parsing is exact: only the encoder's own output is accepted (spec/names.md)."""
 
     @given(name=mutated_names())
     def test_single_edit_is_refused_unless_canonical(self, name: str) -> None:
@@ -246,7 +246,7 @@ class TestCanonicalForm:
 
     @given(save=st.text(max_size=20))
     def test_save_error_matches_the_oracle(self, save: str) -> None:
-        """``save_error`` refuses exactly the saves SPEC §2 refuses."""
+        """``save_error`` refuses exactly the saves spec/layout.md refuses."""
         assert (save_error(save) is None) is oracle_save_ok(save)
 
 
@@ -336,7 +336,7 @@ class TestBulkAgreesWithReference:
 
 
 class TestOrder:
-    """Entries are totally ordered by (epoch, step, save) (SPEC §3)."""
+    """Entries are totally ordered by (epoch, step, save) (spec/names.md)."""
 
     @given(a=tied_entries, b=tied_entries)
     def test_comparisons_follow_the_key(self, a: Entry, b: Entry) -> None:
@@ -372,7 +372,7 @@ class TestOrder:
 
 
 class TestOverlap:
-    """``Overlap`` and ``overlaps`` agree with a naive element-wise comparison (SPEC §4)."""
+    """``Overlap`` and ``overlaps`` agree with a naive element-wise comparison (spec/operations.md)."""
 
     @given(folder=tree_paths, listing=st.lists(tree_entries, max_size=8))
     def test_matches_naive(self, folder: str, listing: list[Entry]) -> None:
@@ -389,7 +389,7 @@ class TestOverlap:
 
 
 class TestPlanPrune:
-    """``plan_prune`` partitions the entries and proposes only safe folders (SPEC §4)."""
+    """``plan_prune`` partitions the entries and proposes only safe folders (spec/operations.md)."""
 
     @given(listing=st.lists(tree_entries, max_size=12), keep=st.integers(1, 14))
     def test_plan(self, listing: list[Entry], keep: int) -> None:

@@ -1,4 +1,4 @@
-"""The proxy rule wired into real clients, over real HTTP on loopback (SPEC §7).
+"""The proxy rule wired into real clients, over real HTTP on loopback (spec/proxy.md).
 
 A recording forward proxy (``tests/support/forward_proxy.py``) sits between the clients and loopback
 servers: a tiny origin server (plain and TLS) for ``requests``, and moto's S3 server for botocore. Names

@@ -185,7 +185,7 @@ def test_import_ckpt_imports_no_framework() -> None:
 
 
 class SaveMissingError(InvalidError, FileNotFoundError):
-    """The shape of SPEC §4's missing-save error: the caller's mistake, and a missing file."""
+    """The shape of spec/operations.md's missing-save error: the caller's mistake, and a missing file."""
 
 
 class TestVanishedSave:

@@ -1,4 +1,4 @@
-"""The proxy rule (SPEC §7): the language-neutral vectors, focused behaviour, and properties.
+"""The proxy rule (spec/proxy.md): the language-neutral vectors, focused behaviour, and properties.
 
 ``tests/vectors/proxy.json`` is the conformance suite other ports run too (format in
 ``docs/vectors-proxy.md``); the classes below pin down what the vectors cannot express: redaction in

@@ -1,4 +1,4 @@
-"""The store contract (SPEC §4), written once and run against every store implementation.
+"""The store contract (spec/operations.md), written once and run against every store implementation.
 
 The ``harness`` fixture (tests/support/fixtures.py) builds a fresh root on each storage: the in-memory fake, a
 real POSIX directory, and S3 through moto (in-process and over HTTP). The harness arranges trees beside the

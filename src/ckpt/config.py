@@ -1,4 +1,4 @@
-"""The configuration file (SPEC §9): TOML read with the standard library, every key validated.
+"""The configuration file (spec/config.md): TOML read with the standard library, every key validated.
 
 An unknown key, a wrong type or a missing required key is a :class:`ConfigError` (exit 2) that names the key
 with its full path (``s3.read_timeout``, ``credentials[2].auth.role``). The ``[proxy]`` and

@@ -3,13 +3,13 @@
 Four groups, each written independently of ``ckpt`` (the expected outcomes are computed here, never by
 asking the code under test):
 
-* configuration documents shaped like SPEC §9, each with its expected outcome;
+* configuration documents shaped like spec/config.md, each with its expected outcome;
 * entry names and saves, for the property tests of the pure core, aimed at what a bulk, row-decoding
   parser gets wrong;
 * cheap fuzz texts for every parser;
 * URL-ish text for the proxy rule, and fuzz texts for S3 roots, proxy values, URLs and raw documents.
 
-Configuration documents: :func:`config_cases` draws a *valid* document (every table and key of SPEC §9,
+Configuration documents: :func:`config_cases` draws a *valid* document (every table and key of spec/config.md,
 hostile but acceptable strings included) and then applies at most one known mutation: an unknown key in
 some table, a required key dropped, a value of the wrong type, or a value of the right type that the spec
 refuses. The expected outcome is computed here from the mutation: a ``Config`` built from the document, or
@@ -36,7 +36,7 @@ from ckpt.domain.names import format_entry_name
 
 Path = tuple[str | int, ...]
 
-# SPEC §9, written out here independently of src/ckpt/config.py and src/ckpt/creds/config.py.
+# spec/config.md, written out here independently of src/ckpt/config.py and src/ckpt/creds/config.py.
 TOP_KEYS = ("root", "s3", "proxy", "credentials")
 S3_STRINGS = ("region", "ca_bundle")
 # Seconds in [s3] are finite and at most this many (about 115 days): anything longer cannot be waited for.
@@ -70,7 +70,7 @@ PROXY_PASSWORD = "Zq9Secret"
 class ConfigCase:
     """A document, what was done to it, and the keys a ``ConfigError`` may name (empty: it is valid).
 
-    ``keys`` holds more than one path only where SPEC §9 leaves the choice open (which of ``role_id`` and
+    ``keys`` holds more than one path only where spec/config.md leaves the choice open (which of ``role_id`` and
     ``role_id_file`` a missing or doubled pair names; ``credentials`` or ``credentials[i]`` for an element
     that is not a table). ``proxy_error`` marks a refused proxy URL: a ``ProxyConfigError`` naming the key.
     """
@@ -162,7 +162,7 @@ def _credentials() -> st.SearchStrategy[dict[str, Any]]:
 
 
 def valid_documents() -> st.SearchStrategy[dict[str, Any]]:
-    """Documents SPEC §9 accepts: any subset of its tables and keys, values of the right type and range."""
+    """Documents spec/config.md accepts: any subset of its tables and keys, values of the right type and range."""
     return st.fixed_dictionaries(
         {},
         optional={
@@ -237,7 +237,7 @@ def _kind(value: Any) -> str:
 
 @st.composite
 def config_cases(draw: st.DrawFn) -> ConfigCase:
-    """A valid document with at most one known mutation, and the outcome SPEC §9 gives it."""
+    """A valid document with at most one known mutation, and the outcome spec/config.md gives it."""
     document = draw(valid_documents())
     mutation = draw(st.sampled_from(["none", "unknown", "missing", "wrong-type", "refused-value"]))
     if mutation == "unknown":
@@ -301,7 +301,7 @@ def _required(document: dict[str, Any]) -> list[tuple[Path, frozenset[str]]]:
 
 
 def _refusable(document: dict[str, Any], draw: st.DrawFn) -> list[tuple[Path, Any, frozenset[str], bool]]:
-    """Values of the right type that SPEC §9 refuses, at keys present in the document."""
+    """Values of the right type that spec/config.md refuses, at keys present in the document."""
     out: list[tuple[Path, Any, frozenset[str], bool]] = []
 
     def refuse(path: Path, value: Any, *, proxy_error: bool = False) -> None:
@@ -413,7 +413,7 @@ def b32(raw: bytes) -> str:
 
 
 def oracle_save_ok(save: str) -> bool:
-    """SPEC §2, spelled out naively (no ckpt code): the saves the strategies build as valid."""
+    """spec/layout.md, spelled out naively (no ckpt code): the saves the strategies build as valid."""
     try:
         save.encode("utf-8")
     except UnicodeEncodeError:
@@ -497,7 +497,7 @@ def mutated_names(draw: st.DrawFn, names: st.SearchStrategy[str] = valid_names) 
     return name[:at] + name[at + 1 :]
 
 
-# Save bytes built from tokens that sit on every rule of SPEC §2 and every byte a bulk decoder might use as a
+# Save bytes built from tokens that sit on every rule of spec/layout.md and every byte a bulk decoder might use as a
 # delimiter (NUL, \x01, '\n', '-'): control bytes, '.', '..', 'pub', stray '/', broken and overlong UTF-8, a
 # surrogate, C1 controls. Concatenations of a few tokens are valid often enough and wrong in every way.
 _PLAIN_TOKENS = (b"a", b"b", b"ck-1", b"pub", b"pubx", b"/", b".", b"..", b"-", b"~", b" ", b"\\")
@@ -564,7 +564,7 @@ TAIL_CHARS = B32_ALPHABET + "018=abcdefgmqvz" + "\u0660\u0664\uff10\uff14\u00b2\
 
 @st.composite
 def defective_saves(draw: st.DrawFn) -> bytes:
-    """The UTF-8 bytes of a valid save with one defect that makes it invalid (SPEC §2)."""
+    """The UTF-8 bytes of a valid save with one defect that makes it invalid (spec/layout.md)."""
     save = draw(short_saves())
     parts = save.split("/")
     at = draw(st.integers(0, len(parts)))

@@ -1,4 +1,4 @@
-"""The ``ckpt`` command line (SPEC §8).
+"""The ``ckpt`` command line (spec/cli.md).
 
 Rules:
 

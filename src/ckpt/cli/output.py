@@ -1,4 +1,4 @@
-"""The JSON documents and text lines the CLI prints (SPEC §8). One place, so every command agrees."""
+"""The JSON documents and text lines the CLI prints (spec/cli.md). One place, so every command agrees."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``ckpt watch``: the publication sidecar (SPEC §5, §8).
+"""``ckpt watch``: the publication sidecar (spec/watcher.md, §8).
 
 Rules:
 

@@ -3,7 +3,7 @@
 botocore looks at ``AWS_*`` variables, ``~/.aws/credentials`` and ``~/.aws/config`` (profiles, SSO,
 ``credential_process``), web identity, the container and instance-metadata endpoints. This source is the
 one place where ``ckpt`` lets botocore read the ambient environment, on purpose: it is what the operator
-asked for by listing it (and what an empty chain means, SPEC §6).
+asked for by listing it (and what an empty chain means, spec/credentials.md).
 
 Rules: botocore is imported lazily. A botocore session is kept while it holds refreshable credentials
 (instance profile, web identity, SSO), so that they refresh themselves between our fetches; a session

@@ -1,4 +1,4 @@
-"""The ordered credential chain (SPEC §6): the first source that *has* credentials wins.
+"""The ordered credential chain (spec/credentials.md): the first source that *has* credentials wins.
 
 Rules, in order, for each source:
 

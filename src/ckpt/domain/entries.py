@@ -5,7 +5,7 @@ root, published at a scheduler epoch and a training step. Entries order by ``(ep
 entry is the greatest. Everything here is pure: validation of saves and attempts, ``parse_epoch`` and
 ``parse_step``, ``latest``.
 
-Rules (SPEC §2, §3):
+Rules (spec/layout.md, §3):
 
 * epoch and step are unsigned 64-bit integers.
 * a save is clean, relative, slash-separated, valid UTF-8 without NUL or ASCII control characters (C0 and
@@ -175,7 +175,7 @@ def save_error(save: object) -> str | None:
 
 
 def validate_save(save: str) -> str:
-    """Return ``save`` when it is a valid save path (SPEC §2); raise :class:`InvalidError` otherwise."""
+    """Return ``save`` when it is a valid save path (spec/layout.md); raise :class:`InvalidError` otherwise."""
     require_str(save, "save")
     reason = save_error(save)
     if reason is not None:
@@ -205,7 +205,7 @@ def attempt_error(attempt: object) -> str | None:
 
 
 def validate_attempt(attempt: str) -> str:
-    """Return ``attempt`` when it can be one path element (SPEC §2); raise :class:`InvalidError` otherwise."""
+    """Return ``attempt`` when it can be one path element (spec/layout.md); raise :class:`InvalidError` otherwise."""
     require_str(attempt, "attempt")
     reason = attempt_error(attempt)
     if reason is not None:

@@ -1,4 +1,4 @@
-"""Framework rules: which folders are saves, and when a save is complete (SPEC §5).
+"""Framework rules: which folders are saves, and when a save is complete (spec/watcher.md).
 
 A *framework rule* answers two questions from facts the caller gathered; nothing here reads a file.
 

@@ -1,4 +1,4 @@
-"""The entry-name wire format: one name in ``pub/`` per publication (SPEC §3).
+"""The entry-name wire format: one name in ``pub/`` per publication (spec/names.md).
 
 Grammar (other ports must match it byte for byte)::
 
@@ -12,7 +12,7 @@ Rules this module enforces:
 1. Parsing is exact: a name is accepted only when it is byte-for-byte what :func:`format_entry_name`
    produces for the entry it decodes to. That rules out lower case, padding, a 21-digit or overflowing
    number, extra separators, suffixes (``.tmp``), and base32 whose unused trailing bits are not zero.
-2. The decoded save must itself be valid (SPEC §2), else the name is malformed.
+2. The decoded save must itself be valid (spec/layout.md), else the name is malformed.
 3. Two implementations live here on purpose. :func:`parse_entry_name` is the simple reference, one name at
    a time. :func:`parse_entry_names` and :func:`latest_entry_of_names` are the bulk paths used by
    ``entries`` and ``resolve``: they validate a whole listing with a few C-level passes (one regex over
@@ -166,7 +166,7 @@ def encode_save_bytes(raw: bytes) -> str:
 #    whole bytes: <the save's bytes> <the byte holding the unused bits> <\x01 ...> <\n>. Characters outside
 #    the alphabet become "!", and so does the pad of a part of impossible length (1, 3 or 6 characters past a
 #    whole group), which stops the conversion; a part longer than 213 characters has no pad at all.
-# 3. One UTF-8 decode of all rows, then one regex over them (_ROWS): a valid save (SPEC §2), then NUL, which
+# 3. One UTF-8 decode of all rows, then one regex over them (_ROWS): a valid save (spec/layout.md), then NUL, which
 #    is what the unused-bits byte holds exactly when the part is canonical, then \x01s and \n. The rows are
 #    delimited by their \n alone: each pad carries exactly one, so the newline count proves no save holds one,
 #    and \x01 (never NUL, never part of a valid save) keeps a NUL inside a save from passing for a row's end.
