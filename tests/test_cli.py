@@ -132,7 +132,8 @@ class TestPublish:
         assert_one_line_error(ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1.5", rel), 2)
 
     def test_missing_save_exits_2(self, root: Path) -> None:
-        """A save that does not exist is an invalid argument (exit 2, spec/operations.md) and nothing is published."""
+        """A save that does not exist is an invalid argument (exit 2, spec/operations.md) and nothing is
+        published."""
         assert_one_line_error(
             ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "1", "exec/x"), 2
         )

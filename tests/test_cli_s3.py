@@ -1,6 +1,7 @@
 """The command line on an ``s3://`` root, end to end: a config file, moto's server over HTTP, real processes.
 
-Every command of spec/cli.md runs against the bucket; ``doctor`` reports the credential source and the proxy, and
+Every command of spec/cli.md runs against the bucket; ``doctor`` reports the credential source and the
+proxy, and
 fails when a proxy in the way strips ``If-None-Match`` (a server that ignores the condition would silently
 overwrite entries).
 """

@@ -1,4 +1,5 @@
-"""The configuration file (spec/config.md) at load time: what is refused before any client is built or any request
+"""The configuration file (spec/config.md) at load time: what is refused before any client is built or any
+request
 is sent, and how the S3 client construction reports our own errors."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The botocore session behind the S3 client, against a real S3 server (moto's, as a subprocess) seen
-through a loopback relay that records the signing key of every request and can reject a key (spec/credentials.md).
+through a loopback relay that records the signing key of every request and can reject a key
+(spec/credentials.md).
 
 Covers: only our chain signs (ambient ``AWS_*`` settings change nothing), scheduled refresh, refresh before
 expiry, last good keys kept up to the maximum staleness, one forced refresh plus one retry on an

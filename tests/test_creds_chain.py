@@ -455,7 +455,8 @@ class TestConfig:
         )
 
     def test_defaults_fill_optional_keys(self) -> None:
-        """Optional keys take spec/config.md's defaults: KV mount ``secret``, auth mounts named after the method."""
+        """Optional keys take spec/config.md's defaults: KV mount ``secret``, auth mounts named after the
+        method."""
         chain = chain_from_config([_vault(), _approle(role_id="rid", secret_id_file="/run/sid")])
         kube, approle = chain.sources
         assert isinstance(kube, VaultSource)

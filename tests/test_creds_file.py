@@ -1,4 +1,5 @@
-"""The ``file`` credential source and the secret-file policy (spec/credentials.md): re-read at every fetch, Kubernetes
+"""The ``file`` credential source and the secret-file policy (spec/credentials.md): re-read at every fetch,
+Kubernetes
 ``..data`` symlink swaps, refusal of writable or non-regular files, warning on readable ones, one newline."""
 
 from __future__ import annotations

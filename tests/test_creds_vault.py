@@ -1,4 +1,5 @@
-"""The ``vault`` credential source against the fake Vault (support/fake_vault.py) on loopback (spec/credentials.md).
+"""The ``vault`` credential source against the fake Vault (support/fake_vault.py) on loopback
+(spec/credentials.md).
 
 Covers: Kubernetes and AppRole logins (the JWT and secret id re-read at every login, no token on a login),
 token reuse, renewal and re-login, KV v2 reads with rotated, deleted and destroyed versions, and the

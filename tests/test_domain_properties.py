@@ -97,7 +97,8 @@ _ORACLE_NAME = re.compile(r"([0-9]{20})-([0-9]{20})-([A-Z2-7]+)")
 
 
 def oracle_parse(name: str) -> tuple[int, int, str] | None:
-    """Decode ``name`` as spec/names.md says, or return None: decode, then insist the encoding is canonical."""
+    """Decode ``name`` as spec/names.md says, or return None: decode, then insist the encoding is
+    canonical."""
     match = _ORACLE_NAME.fullmatch(name)
     if match is None or len(name.encode("utf-8")) > 255:
         return None

@@ -146,7 +146,8 @@ class TestFuzzConfig:
     @FUZZ
     @given(config_cases())
     def test_shaped_documents_give_the_exact_outcome(self, case: ConfigCase) -> None:
-        """A spec/config.md document read from a real file is its Config, or, after one known mutation, refused
+        """A spec/config.md document read from a real file is its Config, or, after one known mutation,
+        refused
         with a ConfigError naming exactly the mutated key (a refused proxy URL: ProxyConfigError naming it).
         """
         text = toml_text(case.document)

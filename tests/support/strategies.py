@@ -70,7 +70,8 @@ PROXY_PASSWORD = "Zq9Secret"
 class ConfigCase:
     """A document, what was done to it, and the keys a ``ConfigError`` may name (empty: it is valid).
 
-    ``keys`` holds more than one path only where spec/config.md leaves the choice open (which of ``role_id`` and
+    ``keys`` holds more than one path only where spec/config.md leaves the choice open (which of
+    ``role_id`` and
     ``role_id_file`` a missing or doubled pair names; ``credentials`` or ``credentials[i]`` for an element
     that is not a table). ``proxy_error`` marks a refused proxy URL: a ``ProxyConfigError`` naming the key.
     """
@@ -162,7 +163,8 @@ def _credentials() -> st.SearchStrategy[dict[str, Any]]:
 
 
 def valid_documents() -> st.SearchStrategy[dict[str, Any]]:
-    """Documents spec/config.md accepts: any subset of its tables and keys, values of the right type and range."""
+    """Documents spec/config.md accepts: any subset of its tables and keys, values of the right type and
+    range."""
     return st.fixed_dictionaries(
         {},
         optional={
@@ -497,7 +499,8 @@ def mutated_names(draw: st.DrawFn, names: st.SearchStrategy[str] = valid_names) 
     return name[:at] + name[at + 1 :]
 
 
-# Save bytes built from tokens that sit on every rule of spec/layout.md and every byte a bulk decoder might use as a
+# Save bytes built from tokens that sit on every rule of spec/layout.md and every byte a bulk decoder might
+# use as a
 # delimiter (NUL, \x01, '\n', '-'): control bytes, '.', '..', 'pub', stray '/', broken and overlong UTF-8, a
 # surrogate, C1 controls. Concatenations of a few tokens are valid often enough and wrong in every way.
 _PLAIN_TOKENS = (b"a", b"b", b"ck-1", b"pub", b"pubx", b"/", b".", b"..", b"-", b"~", b" ", b"\\")

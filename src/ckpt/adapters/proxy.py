@@ -1,4 +1,5 @@
-"""Carry the proxy rule's answer to the two HTTP clients: botocore (S3) and ``requests`` (Vault), spec/proxy.md.
+"""Carry the proxy rule's answer to the two HTTP clients: botocore (S3) and ``requests`` (Vault),
+spec/proxy.md.
 
 The decision is :meth:`ckpt.domain.proxy.ProxyRule.proxy_for`; this module only translates it into each
 client's settings, so that neither library consults the environment behind the rule's back:

@@ -1,4 +1,5 @@
-"""S3 credentials for ``ckpt`` (spec/credentials.md): the ``Credentials`` value, the ``Source`` port, the ordered chain,
+"""S3 credentials for ``ckpt`` (spec/credentials.md): the ``Credentials`` value, the ``Source`` port, the
+ordered chain,
 the four sources (``env``, ``file``, ``vault``, ``aws-default``), the ``[[credentials]]`` configuration, and
 the ``ckpt.credential_sources`` entry-point group through which other packages add kinds of source.
 

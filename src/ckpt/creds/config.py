@@ -1,11 +1,13 @@
-"""``[[credentials]]`` tables of the configuration file (spec/config.md) into a :class:`~ckpt.creds.chain.Chain`.
+"""``[[credentials]]`` tables of the configuration file (spec/config.md) into a
+:class:`~ckpt.creds.chain.Chain`.
 
 Every key is checked: an unknown key, a wrong type or a missing required key is a ``ConfigError`` whose
 ``key`` is the full path, counting tables from 0 in file order (``credentials[1].auth.role`` is the
 ``role`` in the ``[credentials.auth]`` of the second ``[[credentials]]``). Building a chain reads no file and
 opens no connection, so validation is the same code as building.
 
-No tables at all means botocore's default chain (spec/credentials.md). A kind listed twice gets names that say which
+No tables at all means botocore's default chain (spec/credentials.md). A kind listed twice gets names that
+say which
 table it came from (``file (credentials[2])``), so messages stay unambiguous. A kind that is not built in is
 looked up among the installed plugins (:mod:`ckpt.creds.plugins`), which validate their own keys.
 """

@@ -175,7 +175,8 @@ def save_error(save: object) -> str | None:
 
 
 def validate_save(save: str) -> str:
-    """Return ``save`` when it is a valid save path (spec/layout.md); raise :class:`InvalidError` otherwise."""
+    """Return ``save`` when it is a valid save path (spec/layout.md); raise :class:`InvalidError`
+    otherwise."""
     require_str(save, "save")
     reason = save_error(save)
     if reason is not None:
@@ -205,7 +206,8 @@ def attempt_error(attempt: object) -> str | None:
 
 
 def validate_attempt(attempt: str) -> str:
-    """Return ``attempt`` when it can be one path element (spec/layout.md); raise :class:`InvalidError` otherwise."""
+    """Return ``attempt`` when it can be one path element (spec/layout.md); raise :class:`InvalidError`
+    otherwise."""
     require_str(attempt, "attempt")
     reason = attempt_error(attempt)
     if reason is not None:

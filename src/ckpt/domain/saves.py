@@ -1,4 +1,5 @@
-"""What a save is and what a store may read inside one: the rules every store applies alike (spec/operations.md).
+"""What a save is and what a store may read inside one: the rules every store applies alike
+(spec/operations.md).
 
 Rules (each store asks the storage a small question and lets these functions decide):
 
