@@ -240,7 +240,9 @@ def _kind(value: Any) -> str:
 @st.composite
 def config_cases(draw: st.DrawFn) -> ConfigCase:
     """A valid document with at most one known mutation, and the outcome spec/config.md gives it."""
-    document = draw(valid_documents())
+    # A copy with no shared tables: a strategy may hand the same table object to two places (st.just), and a
+    # mutation of one must not change the other (copy.deepcopy would keep them shared).
+    document = _unshared(draw(valid_documents()))
     mutation = draw(st.sampled_from(["none", "unknown", "missing", "wrong-type", "refused-value"]))
     if mutation == "unknown":
         path, allowed = draw(st.sampled_from(_tables(document)))
@@ -280,6 +282,15 @@ def config_cases(draw: st.DrawFn) -> ConfigCase:
 
 
 _DELETE = object()
+
+
+def _unshared(value: Any) -> Any:
+    """``value`` rebuilt so that no dict or list in it is the same object as another."""
+    if isinstance(value, dict):
+        return {key: _unshared(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unshared(item) for item in value]
+    return value
 
 
 def _required(document: dict[str, Any]) -> list[tuple[Path, frozenset[str]]]:
