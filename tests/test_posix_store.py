@@ -52,12 +52,20 @@ class TestRoot:
         store.publish(1, 1, make_save(root, "exec/a/ck-1"))
         assert (root / "pub").is_dir()
 
-    def test_save_that_is_a_file_is_invalid(self, root: Path) -> None:
-        """A save must be a directory."""
+    def test_save_that_is_a_fifo_is_invalid(self, root: Path) -> None:
+        """A save must be a folder or a regular file: a FIFO is neither (and is never opened)."""
         (root / "exec").mkdir()
-        (root / "exec" / "file").write_bytes(b"")
-        with pytest.raises(InvalidError):
-            PosixStore(str(root)).publish(1, 1, str(root / "exec" / "file"))
+        os.mkfifo(root / "exec" / "fifo")
+        with pytest.raises(InvalidError, match="is neither a folder nor a regular file"):
+            PosixStore(str(root)).publish(1, 1, str(root / "exec" / "fifo"))
+
+    def test_a_single_file_save_is_synced(self, root: Path) -> None:
+        """sync_save of a single-file save fsyncs the file and its folder, without error."""
+        (root / "exec").mkdir()
+        (root / "exec" / "epoch=0-step=5.ckpt").write_bytes(b"weights")
+        store = PosixStore(str(root))
+        store.sync_save(str(root / "exec" / "epoch=0-step=5.ckpt"))
+        assert store.publish(1, 5, str(root / "exec" / "epoch=0-step=5.ckpt")).step == 5
 
     def test_trailing_slash_on_a_location_is_accepted(self, root: Path) -> None:
         """One trailing slash on an absolute save location names the same save."""
@@ -317,16 +325,14 @@ class TestPublishWhatIsNotASave:
         assert (result.returncode, result.stderr) == (2, f"ckpt: save {save} does not exist\n")
         assert not (root / "pub").exists() or os.listdir(root / "pub") == []
 
-    def test_a_regular_file_exits_2_saying_a_save_is_a_folder(self, root: Path) -> None:
-        """ckpt publish of a regular file exits 2 with "not a directory", as on every store."""
+    def test_a_regular_file_is_published_as_a_single_file_save(self, root: Path) -> None:
+        """ckpt publish of a regular file publishes it (a single-file save), as on every store."""
         save = root / "exec/a/ck-1"
         save.parent.mkdir(parents=True)
         save.write_bytes(b"weights")
         result = ckpt_cli("--root", str(root), "publish", "--epoch", "1", "--step", "1", str(save))
-        assert (result.returncode, result.stderr) == (
-            2,
-            f"ckpt: save {save} is not a directory: a save is a folder\n",
-        )
+        assert (result.returncode, result.stderr) == (0, "")
+        assert [e.save for e in PosixStore(str(root)).entries()] == ["exec/a/ck-1"]
 
     def test_a_missing_root_is_still_a_storage_failure(self, tmp_path: Path) -> None:
         """With the root itself gone, publish is NotFoundError (exit 1), not an invalid save."""

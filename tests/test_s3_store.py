@@ -280,14 +280,12 @@ class TestPublish:
             store.publish(1, 1, store.location(Entry(1, 1, SAVE)))
         assert log.operations() == ["ListObjectsV2", "HeadObject"]
 
-    def test_an_object_at_the_save_key_is_a_file_not_a_save(self, moto: InProcess) -> None:
-        """An object at exactly the save's key, with nothing under it, is InvalidError "not a directory"."""
+    def test_an_object_at_the_save_key_is_a_single_file_save(self, moto: InProcess) -> None:
+        """An object at exactly the save's key, with nothing under it, is a single-file save: published."""
         store, log, _client = moto.store()
         moto.put(f"{ROOT_PREFIX}/{SAVE}")
-        with pytest.raises(InvalidError, match="is not a directory") as caught:
-            store.publish(1, 1, store.location(Entry(1, 1, SAVE)))
-        assert not isinstance(caught.value, SaveNotFoundError)
-        assert log.operations() == ["ListObjectsV2", "HeadObject"]
+        assert store.publish(1, 1, store.location(Entry(1, 1, SAVE))) == Entry(1, 1, SAVE)
+        assert log.operations() == ["ListObjectsV2", "HeadObject", "PutObject"]
 
     def test_a_longer_sibling_folder_does_not_make_a_save_exist(self, moto: InProcess) -> None:
         """Objects under checkpoint-10/ do not count as the save checkpoint-1."""
@@ -487,6 +485,26 @@ class TestPrune:
         assert f"s3://{http.bucket}/{pub_key(Entry(1, 1, 'exec/a/ck-1'))}" in message
         assert log.count("DeleteObjects") == 1
         assert http.keys("exec/a/ck-1/") == ["exec/a/ck-1/model.bin"]
+
+    def test_a_single_file_save_is_deleted_in_the_same_batch_as_the_folders(self, moto: InProcess) -> None:
+        """A single-file save's object joins the folders' keys: one DeleteObjects for the saves' keys."""
+        store, _log, client = moto.store()
+        base = f"{ROOT_PREFIX}/"
+        moto.put(f"{base}exec/a/ck-1/model.bin")
+        moto.put(f"{base}exec/a/ck-1/optimizer.pt")
+        moto.put(f"{base}exec/a/ck-2")  # a single-file save: the object at exactly the save's key
+        moto.put(f"{base}exec/a/ck-3/model.bin")
+        for step in (1, 2, 3):
+            store.publish(1, step, store.location(Entry(1, step, f"exec/a/ck-{step}")))
+        sizes: list[int] = []
+        client.meta.events.register(
+            "before-send.s3.DeleteObjects", lambda request, **_: sizes.append(request.body.count(b"<Key>"))
+        )
+        result = store.prune(1)
+        assert sizes == [2, 3]  # the two entries, then the three saved objects together
+        assert result.removed_folders == (f"{store.root}/exec/a/ck-1", f"{store.root}/exec/a/ck-2")
+        assert moto.keys(f"{base}exec/a/") == [f"{base}exec/a/ck-3/model.bin"]
+        assert [e.step for e in store.entries()] == [3]
 
     def test_refused_folder_objects_are_reported_after_the_other_folders_are_removed(
         self, http: OverHttp

@@ -74,15 +74,14 @@ class TestPublish:
         assert str(caught.value) == f"save {location} does not exist"
         assert store.entries() == []
 
-    def test_a_regular_file_is_not_a_save(self, harness: Harness) -> None:
-        """One naming a file (on S3 an object at exactly its key) is InvalidError: saves are folders."""
+    def test_a_regular_file_is_a_single_file_save(self, harness: Harness) -> None:
+        """A location naming a file (on S3 an object at exactly its key) is a single-file save."""
         store = harness.store()
-        location = harness.make_file(f"{EXEC_A}/checkpoint-1", b"weights")
-        with pytest.raises(InvalidError) as caught:
-            store.publish(1, 1, location)
-        assert not isinstance(caught.value, SaveNotFoundError)
-        assert str(caught.value) == f"save {location} is not a directory: a save is a folder"
-        assert store.entries() == []
+        location = harness.make_file(f"{EXEC_A}/epoch=0-step=5.ckpt", b"weights")
+        entry = store.publish(1, 5, location)
+        assert entry == Entry(1, 5, f"{EXEC_A}/epoch=0-step=5.ckpt")
+        assert store.location(entry) == location
+        assert store.entries() == [entry]
 
     def test_location_outside_the_root_is_invalid(self, harness: Harness) -> None:
         """A location that is not under the root is InvalidError."""
@@ -228,6 +227,19 @@ class TestPrune:
         assert result.removed_folders == ()
         for save in ("exec/a", "exec/a/inner", "exec/b", "exec/b/inner"):
             assert harness.save_exists(save)
+
+    def test_a_single_file_save_is_removed(self, harness: Harness) -> None:
+        """prune removes a single-file save like a folder: afterwards it cannot be published again."""
+        store = harness.store()
+        for step in (1, 2):
+            store.publish(1, step, harness.make_file(f"{EXEC_A}/epoch=0-step={step}.ckpt", b"weights"))
+        result = store.prune(1)
+        gone = store.location(Entry(1, 1, f"{EXEC_A}/epoch=0-step=1.ckpt"))
+        assert (result.removed_folders, result.skipped) == ((gone,), ())
+        with pytest.raises(SaveNotFoundError):
+            store.publish(2, 1, gone)
+        kept = store.location(Entry(1, 2, f"{EXEC_A}/epoch=0-step=2.ckpt"))
+        assert store.publish(2, 2, kept).save.endswith("step=2.ckpt")
 
     def test_overlap_compares_whole_path_elements(self, harness: Harness) -> None:
         """ck-1 is removed although a kept entry names ck-10: elements, not string prefixes, compare."""

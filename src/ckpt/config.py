@@ -3,7 +3,8 @@
 An unknown key, a wrong type or a missing required key is a :class:`ConfigError` (exit 2) that names the key
 with its full path (``s3.read_timeout``, ``credentials[2].auth.role``). The ``[proxy]`` and
 ``[[credentials]]`` tables are kept as validated raw tables here and turned into a ``ProxyRule`` and a
-credential chain by their own modules, which own their keys.
+credential chain by their own modules, which own their keys. The ``[[frameworks]]`` tables become rules
+(``ckpt.domain.rules.custom``), which ``--framework`` can name.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import attrs
 
 from ckpt.domain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ckpt.domain.rules.custom import CustomRule
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -61,6 +65,7 @@ class Config:
     proxy: Mapping[str, Any] | None = None
     credentials: tuple[Mapping[str, Any], ...] = ()
     path: str | None = None
+    frameworks: tuple[CustomRule, ...] = ()
 
 
 def _number(table: Mapping[str, Any], key: str, where: str, *, positive: bool = True) -> float | None:
@@ -168,7 +173,7 @@ def _parse_s3(table: object) -> S3Settings:
 
 def parse_config(document: Mapping[str, Any], *, path: str | None = None) -> Config:
     """Validate a parsed TOML document and return the :class:`Config`."""
-    _unknown(document, ("root", "s3", "proxy", "credentials"), "")
+    _unknown(document, ("root", "s3", "proxy", "credentials", "frameworks"), "")
     root = document.get("root")
     if root is not None and (not isinstance(root, str) or not root):
         raise ConfigError(f"root must be a non-empty string, got {root!r}", key="root")
@@ -183,7 +188,17 @@ def parse_config(document: Mapping[str, Any], *, path: str | None = None) -> Con
         _validate_proxy(proxy)
     if credentials:
         _validate_credentials(credentials)
-    return Config(root=root, s3=s3, proxy=proxy, credentials=tuple(credentials), path=path)
+    frameworks = _parse_frameworks(document["frameworks"]) if "frameworks" in document else ()
+    return Config(
+        root=root, s3=s3, proxy=proxy, credentials=tuple(credentials), path=path, frameworks=frameworks
+    )
+
+
+def _parse_frameworks(tables: object) -> tuple[CustomRule, ...]:
+    from ckpt.domain.rules import BUILTIN
+    from ckpt.domain.rules.custom import parse_custom_rules
+
+    return parse_custom_rules(tables, BUILTIN)
 
 
 def _validate_proxy(table: Mapping[str, Any]) -> None:

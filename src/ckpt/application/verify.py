@@ -4,12 +4,13 @@ Plain ``resolve`` is a pure read of ``pub/`` and never looks at a save. A framew
 Trainer's ``save_total_limit``, a torchtitan ``keep_latest_k``) may delete a folder after it was published,
 and an operator may remove one by hand; a training script that is about to resume wants the newest save it
 can actually load. :func:`resolve_verified` walks the entries from the greatest down and returns the first
-whose save still exists and passes the framework's marker check (settle does not apply; with a world size
-``N > 1`` for ``hf``, every rank's ``rng_state_<i>.pth`` must be there and complete), recording each entry it
-passed over and why.
+whose save still exists and passes the framework's rule (``ckpt.domain.rules``: built in, configured or a
+plugin; settle does not apply), recording each entry it passed over and why. A save may be a folder or, for
+rules that take files (Lightning), a single file.
 
-This module also holds :func:`read_markers`, the one place that reads a save's marker files from a store;
-the watcher uses it too.
+This module also keeps :func:`read_markers` and :func:`read_rank_states`, the ``hf``/``dcp`` marker readers
+over the ``WatchStore`` port, for embedders that used them; the watcher and :func:`resolve_verified` now
+read through ``ckpt.inspection``.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ from ckpt.domain.frameworks import (
     check_zip_tail,
     markers_problem,
     rank_files,
-    save_step,
+    validate_world_size,
 )
 from ckpt.domain.ports import FileInfo, SaveReader, Store, WatchStore
+from ckpt.domain.rules import Item, Kind, Rule
+from ckpt.inspection import judge, saves_reader
+from ckpt.rulebook import as_rule
 
 __all__ = ["MISSING_FOLDER", "Verified", "read_markers", "read_rank_states", "resolve_verified"]
 
@@ -109,28 +113,41 @@ def read_rank_states(
     return tuple(states)
 
 
-def _folder_exists(store: WatchStore, location: str) -> bool:
-    parent, _, name = location.rstrip("/").rpartition("/")
-    return any(folder.name == name for folder in store.folders(parent))
+def _why_not(store: WatchStore, rule: Rule, entry: Entry) -> str | None:
+    """Return why ``entry``'s save is not a complete save under ``rule``, or ``None`` if it is.
 
-
-def _why_not(store: WatchStore, framework: Framework, entry: Entry, world_size: int | None) -> str | None:
-    """Return why ``entry``'s save is not a complete save under ``framework``, or ``None`` if it is."""
+    The save is judged as a folder, or as a file when the rule takes only that; only when it fails is its
+    parent listed (one request), to tell a missing save from an incomplete one and a file from a folder.
+    """
     name = entry.save.rpartition("/")[2]
-    if save_step(framework, name) is None:
-        return f"not a {framework} save folder name ({framework.folder_pattern}): {name!r}"
-    location = store.location(entry)
-    markers = read_markers(store, framework, location, world_size=world_size)
-    reason = markers_problem(framework, markers, world_size=world_size)
-    if reason is not None and not _folder_exists(store, location):
-        # Only now pay for a listing of the parent: a missing folder is the likelier story, and the
-        # better reason to print.
+    saves = rule.saves([Item(name, Kind.FOLDER)]) or rule.saves([Item(name, Kind.FILE)])
+    if not saves:
+        return f"not a {rule.name} save folder name ({rule.pattern}): {name!r}"
+    parent = store.location(entry).rstrip("/").rpartition("/")[0]
+    reader = saves_reader(store, parent)
+    reason = judge(rule, saves[0], (), reader)
+    if reason is None:
+        return None
+    # Only now pay for a listing of the parent: a missing save is the likelier story, and the better reason
+    # to print; and a save of the other kind than guessed is judged again as what it is.
+    found = [item for item in reader.items() if item.name == name]
+    if not found:
         return MISSING_FOLDER
+    for item in found:
+        if item.kind is not saves[0].kind:
+            again = rule.saves([item])
+            if again:
+                return judge(rule, again[0], (), reader)
     return reason
 
 
-def resolve_verified(store: WatchStore, framework: Framework, *, world_size: int | None = None) -> Verified:
-    """Return the newest entry whose save still exists and is complete under ``framework``'s markers.
+def resolve_verified(
+    store: WatchStore, framework: Framework | Rule, *, world_size: int | None = None
+) -> Verified:
+    """Return the newest entry whose save still exists and is complete under ``framework``'s rule.
+
+    ``framework`` is a rule (``ckpt.rulebook.find_rule`` finds one by name) or a :class:`Framework`;
+    ``world_size`` goes to the built-in rule of a :class:`Framework`.
 
     ``world_size`` is the number of processes that *wrote* the saves (``None``: unknown, no per-rank check);
     for ``hf`` above 1 every ``rng_state_<i>.pth`` must be present and complete, as the watcher requires.
@@ -144,18 +161,18 @@ def resolve_verified(store: WatchStore, framework: Framework, *, world_size: int
     # A store needs no sync_save to be verified: check only what this reads.
     require_instance(store, Store, "store")
     require_instance(store, SaveReader, "store")
-    require_instance(framework, Framework, "framework")
+    rule = as_rule(framework, None if world_size is None else validate_world_size(world_size))
     newest = store.resolve()
     if newest is None:
         return Verified(None, ())
-    reason = _why_not(store, framework, newest, world_size)
+    reason = _why_not(store, rule, newest)
     if reason is None:
         return Verified(newest, ())
     skipped: list[tuple[Entry, str]] = [(newest, reason)]
     for entry in reversed(store.entries()):
         if entry == newest:
             continue
-        reason = _why_not(store, framework, entry, world_size)
+        reason = _why_not(store, rule, entry)
         if reason is None:
             return Verified(entry, tuple(skipped))
         skipped.append((entry, reason))

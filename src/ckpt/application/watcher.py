@@ -2,14 +2,16 @@
 
 Rules this module keeps (docs/adr/0008-watcher.md says why):
 
-1. A scan lists the saves folder once (``folders``), keeps the names that are saves under the framework's
-   rule, and looks, in step order, at those this watcher has not published yet. A complete save is synced
-   (``sync_save``, found through the ``SyncsSaves`` protocol: POSIX fsyncs it, our other stores only check
-   the location, an embedder's store may have none) and then published; an incomplete one is passed over
-   and looked at again next scan.
+1. A scan lists the saves location once (its folders and files, through ``ckpt.inspection.saves_reader``),
+   keeps the names that are saves under the framework's rule (``ckpt.domain.rules``: built in, configured
+   or a plugin), and looks, in step order, at those this watcher has not published yet. A complete save is
+   synced (``sync_save``, found through the ``SyncsSaves`` protocol: POSIX fsyncs it, our other stores only
+   check the location, an embedder's store may have none) and then published; an incomplete one is passed
+   over and looked at again next scan.
 2. Published saves are never read again. The watcher keeps their locations in memory; a new watcher learns
    them by reading ``entries()`` once, in its first scan, keeping the entries of its own epoch. So a scan
-   over any number of already-published saves with nothing new costs one ``folders`` listing. An
+   over any number of already-published saves with nothing new costs one listing of the saves location
+   (one S3 request per 1,000 names). An
    ``ExistsError`` (another watcher got there first) also counts as published.
 3. Exactly once under kill and restart follows from (2) and the store's exclusive create: an entry either
    exists, and the restarted watcher reads it, or it does not, and the save is published again once.
@@ -21,11 +23,11 @@ Rules this module keeps (docs/adr/0008-watcher.md says why):
    it, and the stuck thread does not keep the process alive. A watcher whose scan timed out is spent: it
    publishes nothing more, and a later ``scan`` raises ``ScanTimeoutError`` while the old one is stuck.
 6. On stop, ``watch`` scans once more, then keeps scanning, for at most the settle time after that scan,
-   while some save is still on its way: an ``hf`` save with complete markers that has not settled yet, or a
-   ``dcp`` save without ``.metadata``; then it returns. (An ``hf`` save whose rank is still writing is not
-   waited for: once the rank finished, the changed listing would need a whole settle time again.)
-7. With a world size above 1 (``hf``), a save whose other markers pass is listed and its ranks' files read
-   (``read_rank_states``) on every scan until it is published; the listing doubles as the settle look.
+   while some save is on its way (settling, or waiting for the marker of a rule that never settles); then
+   it returns.
+7. The first scan that sees names that look like saves of another rule but are no save of this one (a
+   ``checkpoint-5`` folder under ``dcp``) says so once, at warning level, naming one and the rule that would
+   take it: otherwise a user whose framework name is wrong sees "published 0 saves" and nothing else.
 8. Every scan that ends, or fails, or times out is reported to the ``observer`` (a :class:`WatchObserver`,
    such as the metrics of ``ckpt watch --metrics-port``) as one :class:`ScanReport`, after the scan and
    from the thread that ran it; a timed-out scan is reported by the waiting thread. The watcher knows
@@ -43,21 +45,15 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from ckpt.application.verify import read_markers, read_rank_states
 from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import MAX_U64, Entry
 from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
-from ckpt.domain.frameworks import (
-    Framework,
-    Listing,
-    check_world_size,
-    default_settle,
-    judge_save,
-    markers_problem,
-    rank_files,
-    save_folders,
-)
+from ckpt.domain.frameworks import Framework, validate_world_size
 from ckpt.domain.ports import Store, SyncsSaves, WatchStore
+from ckpt.domain.rules import BUILTIN, Item, Rule, Save, builtin_rule, unclaimed_save
+from ckpt.domain.rules.settle import Look
+from ckpt.inspection import TreeReader, judge_for_watch, saves_reader
+from ckpt.rulebook import as_rule
 
 __all__ = ["ScanReport", "WatchObserver", "Watcher"]
 
@@ -109,12 +105,14 @@ class WatchObserver(Protocol):
 class Watcher:
     """Publishes the complete saves a framework writes into ``saves_location``, at ``epoch``.
 
-    ``store`` is any :class:`~ckpt.domain.ports.WatchStore`; ``saves_location`` the folder the framework
+    ``store`` is any :class:`~ckpt.domain.ports.WatchStore`; ``framework`` a rule (``ckpt.rulebook.find_rule``
+    finds one by name) or a :class:`Framework`; ``saves_location`` the folder the framework
     saves into, in the store's own form (normally ``store.exec_dir(attempt)``). ``interval`` is the time
-    between scans in :meth:`watch`; ``settle`` (default: one interval for ``hf``, 0 for ``dcp``) how long an
-    ``hf`` save's listing must stay unchanged, and for either framework how long the drain after a stop may
-    last; ``world_size`` (``None``: unknown) the number of training processes, whose per-rank files an
-    ``hf`` save must all hold when above 1; ``scan_timeout`` (``None``: none) bounds each scan in
+    between scans in :meth:`watch`; ``settle`` (default: the rule's, e.g. one interval for ``hf``, 0 for
+    ``dcp``) how long a save's listing must stay unchanged (a rule may ignore it: ``dcp`` does) and how long
+    the drain after a stop may last; ``world_size`` (``None``: unknown) builds the rule of a
+    :class:`Framework` (a rule object already carries its own); ``scan_timeout`` (``None``: none) bounds each
+    scan in
     :meth:`watch`; ``on_published`` is called with each entry a scan creates, in step order, from the thread
     that runs the scan; ``observer`` receives a :class:`ScanReport` after every scan (rule 8). ``clock`` is a
     monotonic clock in seconds (tests pass a fake one to :meth:`scan`).
@@ -123,7 +121,7 @@ class Watcher:
     def __init__(
         self,
         store: WatchStore,
-        framework: Framework,
+        framework: Framework | Rule,
         saves_location: str,
         epoch: int,
         interval: float,
@@ -136,7 +134,8 @@ class Watcher:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         require_instance(store, Store, "store")
-        require_instance(framework, Framework, "framework")
+        self.world_size = None if world_size is None else validate_world_size(world_size)
+        rule = as_rule(framework, self.world_size)
         if observer is not None:
             require_instance(observer, WatchObserver, "observer")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_U64:
@@ -144,27 +143,27 @@ class Watcher:
         if not isinstance(saves_location, str) or not saves_location:
             raise InvalidError(f"saves location {saves_location!r} must be a non-empty location")
         self.store = store
-        self.framework = framework
+        self.rule = rule
+        self.framework = rule.name
         self.saves_location = saves_location
         self.epoch = epoch
         self.interval = _seconds(interval, "interval", allow_zero=False)
-        self.settle = (
-            default_settle(framework, self.interval)
-            if settle is None
-            else _seconds(settle, "settle time", allow_zero=True)
-        )
+        given = None if settle is None else _seconds(settle, "settle time", allow_zero=True)
+        #: How long a complete-looking save must stay unchanged (the rule may ignore a given time).
+        self.judge_settle = _seconds(rule.settle_time(self.interval, given), "settle time", allow_zero=True)
+        #: How long the drain after a stop may last: the given time, else the rule's own.
+        self.settle = self.judge_settle if given is None else given
         self.scan_timeout = (
             None if scan_timeout is None else _seconds(scan_timeout, "scan timeout", allow_zero=False)
         )
-        self.world_size = None if world_size is None else check_world_size(world_size)
-        self._rank_files = rank_files(framework, self.world_size)
         self.on_published = on_published
         self.observer = observer
         self.clock = clock
         self._published: set[str] | None = None  # locations published at our epoch; None until learned
-        self._settling: dict[str, Listing] = {}  # location -> first look since which nothing changed
-        self._outstanding: set[str] = set()  # dcp saves still waiting for .metadata (rule 6)
-        self._waiting = 0  # save folders the last complete scan found unpublished (rule 8)
+        self._settling: dict[str, Look] = {}  # location -> first look since which nothing changed
+        self._outstanding: set[str] = set()  # saves seen incomplete in the last scan (rule 6)
+        self._hinted = False  # the "looks like another framework's saves" warning was given (rule 7)
+        self._waiting = 0  # saves the last complete scan found unpublished (rule 8)
         self._scan_lock = threading.Lock()
         self._spent = False  # a scan timed out: publish nothing more (rule 5)
 
@@ -219,47 +218,52 @@ class Watcher:
         """Scan once, appending each entry created to ``created`` as it is created."""
         published = self._learn_published()
         base = _key(self.saves_location)
-        folders = {folder.name: _key(folder.location) for folder in self.store.folders(base)}
+        reader = saves_reader(self.store, base)
+        items = reader.items()
         seen: set[str] = set()
         self._outstanding = set()
-        for save in save_folders(self.framework, folders):
-            location = folders[save.name]
+        for save in self.rule.saves(items):
+            location = f"{base}/{save.name}"
             if location in published:
                 continue
             seen.add(location)
-            if self._is_complete(location) and self._publish(save.step, location, created):
+            complete = self._is_complete(save, location, items, reader)
+            if complete and self._publish(save.step, location, created):
                 published.add(location)
+        if not self._hinted:  # after the publications: building the other rules must not delay them
+            self._hint(items)
         # Forget the settle state of saves that are gone or were published.
         self._settling = {
             loc: look for loc, look in self._settling.items() if loc in seen and loc not in published
         }
         self._waiting = len(seen - published)
 
-    def _is_complete(self, location: str) -> bool:
-        markers = read_markers(self.store, self.framework, location)
-        markers_pass = markers_problem(self.framework, markers) is None  # all but the ranks' files
-        listing = None
-        if markers_pass and self.framework is Framework.HF and (self.settle > 0 or self._rank_files):
-            started = self.clock()
-            files = tuple(self.store.files(location))
-            listing = Listing(files, started, self.clock())
-        if markers_pass and listing is not None and self._rank_files:
-            states = read_rank_states(self.store, location, self._rank_files, listing.files)
-            markers = attrs.evolve(markers, rank_states=states)
-        verdict = judge_save(
-            self.framework,
-            markers,
-            settle=self.settle,
-            listing=listing,
+    def _hint(self, items: list[Item]) -> None:
+        """Warn once about names another rule would take (rule 7)."""
+        others = [r for name in BUILTIN if (r := builtin_rule(name)) is not None]
+        hint = unclaimed_save(self.rule, others, items)
+        if hint is not None:
+            self._hinted = True
+            _log.warning("%s: %s", self.saves_location, hint.message(self.rule))
+
+    def _is_complete(self, save: Save, location: str, items: list[Item], reader: TreeReader) -> bool:
+        verdict = judge_for_watch(
+            self.rule,
+            save,
+            items,
+            reader,
+            settle=self.judge_settle,
             since=self._settling.get(location),
-            world_size=self.world_size,
+            clock=self.clock,
         )
         if verdict.since is None:
             self._settling.pop(location, None)
         else:
             self._settling[location] = verdict.since
-        if self.framework is Framework.DCP and not verdict.complete:
-            self._outstanding.add(location)  # no .metadata yet: the drain looks again (rule 6)
+        if not verdict.complete and verdict.since is None and self.judge_settle == 0:
+            # A rule whose markers alone decide (dcp, megatron, orbax, ...): the save is on its way until its
+            # marker comes; the drain waits for it at most the settle time (rule 6), 0 unless one was given.
+            self._outstanding.add(location)
         if not verdict.complete:
             _log.debug("not yet: %s: %s", location, verdict.reason)
         return verdict.complete
@@ -319,19 +323,19 @@ class Watcher:
     def _earliest_settled(self) -> float | None:
         """When the soonest save on its way could next be found complete, or ``None`` when none is.
 
-        A ``dcp`` save waiting for ``.metadata`` could complete at any time: ``inf`` here, so the drain looks
-        again after one interval.
+        A save that is not complete yet (no marker, a shard still written) could complete at any time:
+        ``inf`` here, so the drain looks again after one interval, within the drain's bound.
         """
         if not self._settling:
             return math.inf if self._outstanding else None
-        return min(look.finished for look in self._settling.values()) + self.settle
+        return min(look.finished for look in self._settling.values()) + self.judge_settle
 
     def watch(self, stop: threading.Event) -> list[Entry]:
         """Scan every interval until ``stop`` is set, then drain; return every entry created, in order.
 
         A scan error ends the watch with that error, a scan over the timeout with ``ScanTimeoutError``.
-        Once ``stop`` is set, the watcher scans once more, then, while some save is on its way (rule 6),
-        keeps scanning for at most the settle time after that scan. A ``stop`` that is
+        Once ``stop`` is set, the watcher scans once more, then, while some save is on its way, keeps
+        scanning for at most the settle time after that scan (rule 6). A ``stop`` that is
         already set when ``watch`` starts makes it one scan plus that drain: ``ckpt watch --once``.
         """
         created: list[Entry] = []

@@ -178,12 +178,14 @@ def _cmd_resolve(ctx: Context) -> int:
     if ctx.args.framework:
         from ckpt.application.verify import resolve_verified
         from ckpt.cli.output import entry_document
-        from ckpt.domain.frameworks import parse_framework, parse_world_size
+        from ckpt.domain.frameworks import parse_world_size
+        from ckpt.rulebook import find_rule
 
         # The world size of the run that *wrote* the saves: given explicitly, never taken from WORLD_SIZE,
         # which describes the resuming run (docs/adr/0008-watcher.md).
         world_size = None if ctx.args.world_size is None else parse_world_size(ctx.args.world_size)
-        verified = resolve_verified(store, parse_framework(ctx.args.framework), world_size=world_size)
+        rule = find_rule(ctx.args.framework, world_size=world_size, configured=ctx.config().frameworks)
+        verified = resolve_verified(store, rule)
         for passed, reason in verified.skipped:
             ctx.warn(f"skipped {store.location(passed)}: {reason}")
             skipped.append({"entry": entry_document(store, passed), "reason": reason})
@@ -369,9 +371,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     commands.required = True
 
     p = commands.add_parser("resolve", help="location of the latest save")
-    p.add_argument("--framework", choices=("hf", "dcp"), help="verify the save against the framework's rule")
     p.add_argument(
-        "--world-size", metavar="N", help="hf: processes that wrote the saves; all their files must be there"
+        "--framework",
+        metavar="NAME",
+        help="verify the save against this framework's rule (hf, dcp, lightning, deepspeed, megatron, nemo, "
+        "orbax, a configured or a plugin rule)",
+    )
+    p.add_argument(
+        "--world-size",
+        metavar="N",
+        help="processes that wrote the saves (hf, dcp, deepspeed, lightning): all their files must be there",
     )
     p.set_defaults(handler=_cmd_resolve)
 

@@ -2,14 +2,19 @@
 
 Rules:
 
-1. Arguments: ``--framework hf|dcp``; the saves folder from ``--saves LOCATION`` (absolute path, ``s3://``
-   URL, or a path relative to the root) or else ``exec_dir(--attempt | DISPATCH_ATTEMPT)``; the epoch from
-   ``--epoch | DISPATCH_EPOCH``. ``--interval`` (10), ``--settle`` (the interval for ``hf``, 0 for ``dcp``)
+1. Arguments: ``--framework NAME`` (a built-in rule: ``hf``, ``dcp``, ``lightning``, ``deepspeed``,
+   ``megatron``, ``nemo``, ``orbax``; a ``[[frameworks]]`` rule of the configuration file; or an installed
+   plugin's, ``ckpt.rulebook``; anything else is ``InvalidError`` listing them); the saves folder from
+   ``--saves LOCATION`` (absolute path, ``s3://`` URL, or a path relative to the root) or else
+   ``exec_dir(--attempt | DISPATCH_ATTEMPT)``; the epoch from ``--epoch | DISPATCH_EPOCH``. ``--interval``
+   (10), ``--settle`` (the rule's: the interval for ``hf``, ``lightning``, a ``deepspeed`` of unknown world
+   size and configured rules, else 0; ``dcp`` never settles)
    and ``--scan-timeout`` (120) are seconds, fractions allowed: plain decimals only (no sign, exponent,
    ``inf`` or ``nan``); interval and scan timeout must be > 0. ``--world-size N`` (default ``WORLD_SIZE``
    from the environment the sidecar shares with the trainer; unset: unknown) is the number of training
-   processes; for ``hf`` above 1 every rank's ``rng_state_<i>.pth`` must be complete. Anything invalid is
-   ``InvalidError`` (exit 2).
+   processes (``hf`` above 1: every rank's ``rng_state_<i>.pth`` must be complete; ``dcp``: a save without
+   collectives is complete with every rank's ``__<i>.metadata``; ``deepspeed``: as many optimizer shards).
+   Anything invalid is ``InvalidError`` (exit 2).
 2. One log line per publication through the ``ckpt`` logger (text or JSON lines, as ``--log-format`` set it).
 3. SIGTERM and SIGINT stop the watcher: it drains (at most the settle time) and the command exits 0.
    ``--once`` is a watch stopped right after its first scan. The command installs its handlers before it
@@ -35,7 +40,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, Protocol
@@ -43,13 +48,15 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from ckpt.config import MAX_SECONDS
 from ckpt.domain.entries import Entry, parse_epoch, validate_save
 from ckpt.domain.errors import InvalidError
-from ckpt.domain.frameworks import Framework, parse_framework, parse_world_size
+from ckpt.domain.frameworks import parse_world_size
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import WatchStore
 from ckpt.domain.redaction import redact_url
 
 if TYPE_CHECKING:
     from ckpt.application.watcher import WatchObserver
+    from ckpt.config import Config
+    from ckpt.domain.rules.custom import CustomRule
 
 __all__ = ["register", "run"]
 
@@ -71,6 +78,8 @@ class _Context(Protocol):
 
     def store(self) -> WatchStore: ...
 
+    def config(self) -> Config: ...
+
 
 def register(commands: Any) -> None:
     """Add the ``watch`` sub-command to the CLI's sub-parsers."""
@@ -79,7 +88,12 @@ def register(commands: Any) -> None:
         help="publish a framework's complete saves as they appear (the sidecar)",
         description="Publish every complete save a framework writes into one execution's folder.",
     )
-    p.add_argument("--framework", required=True, choices=[f.value for f in Framework], help="save layout")
+    p.add_argument(
+        "--framework",
+        required=True,
+        metavar="NAME",
+        help="save layout: hf, dcp, lightning, deepspeed, megatron, nemo, orbax, a configured or plugin rule",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--attempt", help="execution attempt; watches exec/<attempt> (DISPATCH_ATTEMPT)")
     where.add_argument(
@@ -121,7 +135,8 @@ def register(commands: Any) -> None:
 def _handle(ctx: _Context) -> int:
     stop = threading.Event()
     with _stop_on_signals(stop):  # rule 3: before the configuration is read and the store opened
-        return run(ctx.args, ctx.store(), ctx.stdout, environ=ctx.environ, stop=stop)
+        configured = ctx.config().frameworks
+        return run(ctx.args, ctx.store(), ctx.stdout, environ=ctx.environ, stop=stop, configured=configured)
 
 
 def parse_seconds(text: str, option: str, *, allow_zero: bool) -> float:
@@ -238,20 +253,22 @@ def run(
     *,
     environ: Mapping[str, str] | None = None,
     stop: threading.Event | None = None,
+    configured: Sequence[CustomRule] = (),
 ) -> int:
     """Run ``ckpt watch`` with parsed ``args`` on ``store``; print the ``--json`` document on ``out``.
 
     ``stop`` is the caller's event, set by signal handlers it already installed (rule 3); without one,
-    ``run`` installs its own for the duration of the watch.
+    ``run`` installs its own for the duration of the watch. ``configured`` are the configuration file's
+    ``[[frameworks]]`` rules, which ``--framework`` may name.
 
     Returns 0 when the watch ends normally (stopped by a signal, or ``--once``). Invalid arguments raise
     ``InvalidError``; a failed or timed-out scan raises its error (rules 3, 4).
     """
     from ckpt import __version__
     from ckpt.application.watcher import Watcher  # imported here: keeps ``ckpt --help`` light
+    from ckpt.rulebook import find_rule
 
     env = os.environ if environ is None else environ
-    framework = parse_framework(args.framework)
     interval = (
         DEFAULT_INTERVAL
         if args.interval is None
@@ -266,6 +283,7 @@ def run(
     epoch = _epoch(args, env)
     location = saves_location(store, args, env)
     world_size = _world_size(args, env)
+    framework = find_rule(args.framework, world_size=world_size, configured=configured)
     endpoint = _metrics_endpoint(args)
 
     def published(entry: Entry) -> None:
@@ -311,7 +329,7 @@ def run(
         _log.info(
             "watching %s for %s saves at epoch %d every %gs (settle %gs, scan timeout %gs, world size %s)%s",
             location,
-            framework,
+            framework.name,
             epoch,
             watcher.interval,
             watcher.settle,

@@ -3,9 +3,11 @@
 
 Rules (each store asks the storage a small question and lets these functions decide):
 
-1. A save is a folder. :func:`check_save_kind` is the one place that says so: a location with nothing there
-   is :class:`SaveNotFoundError`, one that names a regular file (or a FIFO, a device...) is ``InvalidError``
-   ("not a directory: a save is a folder"). Allowing single-file saves later is a change here alone.
+1. A save is a folder or a single regular file (Lightning's ``.ckpt``, Composer's ``.pt``; on S3 an object
+   at exactly the save's key). :func:`check_save_kind` is the one place that says so: a location with
+   nothing there is :class:`SaveNotFoundError`, one that names a FIFO, a socket or a device is
+   ``InvalidError``. Prune removes a single-file save as it removes a folder; the watcher syncs it before
+   publishing it.
 2. A file inside a save is named by a clean relative path (:func:`validate_file_name`): no empty, ``.`` or
    ``..`` element, not absolute, no trailing ``/``, no NUL or control character. ``../x`` never leaves the
    save, on any store.
@@ -45,12 +47,12 @@ class SaveKind(enum.Enum):
 
 
 def check_save_kind(kind: SaveKind, location: str) -> None:
-    """Raise unless ``kind`` is something a save can be (rule 1): today, only a folder."""
-    if kind is SaveKind.FOLDER:
+    """Raise unless ``kind`` is something a save can be (rule 1): a folder or a regular file."""
+    if kind in (SaveKind.FOLDER, SaveKind.FILE):
         return
     if kind is SaveKind.MISSING:
         raise SaveNotFoundError(f"save {location} does not exist", location=location)
-    raise InvalidError(f"save {location} is not a directory: a save is a folder")
+    raise InvalidError(f"save {location} is neither a folder nor a regular file")
 
 
 def validate_file_name(name: str) -> str:

@@ -113,6 +113,10 @@ class _MemoryTree:
         outcomes = []
         with self.lock:
             for save in saves:
+                if save in self.blobs and save not in self.dirs:  # a single-file save
+                    del self.blobs[save]
+                    outcomes.append(SaveRemoval(save))
+                    continue
                 if save not in self.dirs:
                     outcomes.append(SaveRemoval(save, SKIP_ALREADY_GONE))
                     continue

@@ -22,12 +22,15 @@ from ckpt.adapters.posix.log import PosixLog
 from ckpt.adapters.posix.pins import PosixPins
 from ckpt.adapters.posix.syscalls import CREATE_FLAGS, PosixRoot, Syscalls
 from ckpt.adapters.posix.tree import PosixTree
+from ckpt.adapters.posix_saves import PosixSaves
 from ckpt.application.checkpoint_store import CheckpointStore
 from ckpt.domain.arguments import require_str
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.journal import JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
 from ckpt.domain.ports import ExclusiveCreateProbe
+from ckpt.domain.saves_reader import TreeReader
+from ckpt.inspection import StoreSaves
 
 __all__ = ["JOURNAL_PREFIX", "PosixStore", "Syscalls"]
 
@@ -67,6 +70,16 @@ class PosixStore(CheckpointStore):
         tree = PosixTree(self._at)
         pins = PosixPins(normalized, self._at.sys)
         super().__init__(PosixLog(self._at), tree, locator, PosixJournal(self._at), pins)
+
+    def saves_reader(self, location: str) -> TreeReader:
+        """The ``ReadsSaves`` capability: ``pread`` tails and one ``scandir`` per listing.
+
+        A subclass, or a store given its own system calls (a test's fault injection), is read through the
+        ``WatchStore`` port instead, so whatever it overrides is honoured.
+        """
+        if type(self) is PosixStore and type(self._at.sys) is Syscalls:
+            return PosixSaves(location, root=self.root)
+        return StoreSaves(self, location)
 
     def probe_exclusive_create(self) -> ExclusiveCreateProbe:
         """Create a probe file twice with ``O_EXCL`` beside ``pub/``; the second create must fail with EEXIST.

@@ -72,8 +72,15 @@ def remove_folder(at: PosixRoot, root_fd: int, folder: str) -> str | None:
             return SKIP_ALREADY_GONE
         if stat.S_ISLNK(st.st_mode):
             return "is a symbolic link (never removed, nor what it points to)"
+        if stat.S_ISREG(st.st_mode):  # a single-file save (ckpt.domain.saves rule 1)
+            try:
+                at.sys.unlink(last, dir_fd=parent_fd)
+            except FileNotFoundError:
+                return SKIP_ALREADY_GONE
+            at.sys.fsync(parent_fd)
+            return None
         if not stat.S_ISDIR(st.st_mode):
-            return "is not a directory"
+            return "is neither a folder nor a regular file"
         _check_same_device(at, parent_fd, st, location)
         try:
             _remove_tree(at, parent_fd, last, location)

@@ -219,6 +219,14 @@ class PosixTree:
         base = at.path(save)
         try:
             try:
+                if stat.S_ISREG(at.sys.lstat(base).st_mode):  # a single-file save: the file, then its folder
+                    fd = at.sys.open(base, READ_FLAGS)
+                    try:
+                        at.sys.fsync(fd)
+                    finally:
+                        at.close_quietly(fd)
+                    at.sync_dir(os.path.dirname(base))
+                    return
                 walked = self._walk(base)
             except FileNotFoundError:
                 return  # nothing there: publish reports it

@@ -46,6 +46,7 @@ from ckpt.domain.ports import ExclusiveCreateProbe, FileInfo, SaveRemoval
 from ckpt.domain.prune import SKIP_ALREADY_GONE
 from ckpt.domain.s3_root import parse_s3_root
 from ckpt.domain.saves import SaveKind
+from ckpt.domain.saves_reader import TreeReader
 
 __all__ = ["ExclusiveCreateProbe", "S3Journal", "S3Log", "S3Store", "S3Tree"]
 
@@ -160,8 +161,13 @@ class S3Tree:
 
     def remove_saves(self, saves: Sequence[str]) -> list[SaveRemoval]:
         """List each save's objects (eight listings at a time) and delete them all together, batched across
-        saves, 1000 keys a request; a save with none left is "already gone" (rule 4)."""
+        saves, 1000 keys a request; a save with no key under it but an object at exactly its key is a
+        single-file save, and that object joins the batch; a save with none left is "already gone"
+        (rule 4)."""
         listings = self._list_at_once([self._bucket.key(save) + "/" for save in saves])
+        for keys, save in zip(listings, saves, strict=True):
+            if not keys and self._bucket.head(self._bucket.key(save), action="check the save"):
+                keys.append(self._bucket.key(save))  # a single-file save: the object at exactly its key
         owner: dict[str, str] = {}
         for save, keys in zip(saves, listings, strict=True):
             owner.update((key, save) for key in keys)
@@ -252,6 +258,20 @@ class S3Store(CheckpointStore):
     def prefix(self) -> str:
         """The key prefix under which the root lives: ``""`` or ``"some/prefix/"``."""
         return self._bucket.root.prefix
+
+    def saves_reader(self, location: str) -> TreeReader:
+        """The ``ReadsSaves`` capability: one delimited listing, ranged heads and tails, 16 at a time.
+
+        A subclass is read through the ``WatchStore`` port instead, so whatever it overrides is honoured.
+        """
+        from ckpt.adapters.s3_saves import S3Saves
+        from ckpt.inspection import StoreSaves
+
+        if type(self) is not S3Store:
+            return StoreSaves(self, location)
+        at_root = location.rstrip("/") == self.root.rstrip("/")
+        prefix = self.prefix if at_root else f"{self.prefix}{self.save_of(location)}/"
+        return S3Saves(self._bucket.client, self.bucket, prefix)
 
     def probe_exclusive_create(self, writers: int = DEFAULT_WRITERS) -> ExclusiveCreateProbe:
         """Check that ``writers`` concurrent ``If-None-Match: *`` creates of one new key make exactly one

@@ -1,0 +1,175 @@
+"""The watcher and verified resolve with every rule: killed saves, exactly once, the wrong-framework hint.
+
+The saves are the framework sequences of ``tests/save_sequences.py`` played onto a real POSIX root (and one
+onto S3 over HTTP); watchers scan between every two file boundaries, restarted or not.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt.adapters.posix import PosixStore
+from ckpt.adapters.s3 import S3Store
+from ckpt.application.verify import resolve_verified
+from ckpt.application.watcher import Watcher
+from ckpt.domain.rules import BUILTIN, parse_custom_rules
+from ckpt.rulebook import find_rule
+from rule_layouts import zip_bytes
+from save_sequences import SEQUENCES, Sequence, apply_to_folder, states
+from support.s3 import RequestLog, new_bucket_name, raw_client
+
+ATTEMPT = "1.4101.0"
+EPOCH = 7
+ALL_SEQUENCES = sorted(SEQUENCES)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> PosixStore:
+    root = tmp_path / "root"
+    root.mkdir()
+    return PosixStore(str(root))
+
+
+def _watcher(store: PosixStore, seq: Sequence, **kwargs: Any) -> Watcher:
+    rule = find_rule(seq.rule, world_size=seq.options.get("world_size"))  # type: ignore[arg-type]
+    return Watcher(store, rule, store.exec_dir(ATTEMPT), EPOCH, 1.0, settle=0, **kwargs)
+
+
+class TestKilledAtEveryBoundary:
+    @pytest.mark.parametrize("name", ALL_SEQUENCES)
+    def test_restarted_watchers_publish_the_complete_save_once(self, store: PosixStore, name: str) -> None:
+        """A fresh watcher after every file boundary publishes the save only once complete, and only once."""
+        seq = SEQUENCES[name]
+        base = Path(store.exec_dir(ATTEMPT))
+        base.mkdir(parents=True)
+        created = []
+        for label, layout, complete in states(seq):
+            apply_to_folder(layout, base)
+            created += _watcher(store, seq).scan()
+            published = [e.save.rpartition("/")[2] for e in store.entries()]
+            assert published == ([seq.save] if complete else []), label
+        assert [e.save.rpartition("/")[2] for e in created] == [seq.save]
+
+    @pytest.mark.parametrize("name", ALL_SEQUENCES)
+    def test_one_watcher_through_the_whole_save(self, store: PosixStore, name: str) -> None:
+        """One watcher scanning at every boundary publishes the save once, at the first complete state."""
+        seq = SEQUENCES[name]
+        base = Path(store.exec_dir(ATTEMPT))
+        base.mkdir(parents=True)
+        watcher = _watcher(store, seq)
+        first_complete = None
+        for index, (_, layout, complete) in enumerate(states(seq)):
+            apply_to_folder(layout, base)
+            if watcher.scan() and first_complete is None:
+                first_complete = index
+            assert bool(store.entries()) is complete
+        assert len(store.entries()) == 1
+        assert first_complete is not None
+
+    @pytest.mark.parametrize("name", ALL_SEQUENCES)
+    def test_verified_resolve_agrees(self, store: PosixStore, name: str) -> None:
+        """Once published, the save passes verified resolve with the same rule."""
+        seq = SEQUENCES[name]
+        base = Path(store.exec_dir(ATTEMPT))
+        base.mkdir(parents=True)
+        *_, (_, layout, complete) = states(seq)
+        assert complete
+        apply_to_folder(layout, base)
+        assert len(_watcher(store, seq).scan()) == 1
+        rule = find_rule(seq.rule, world_size=seq.options.get("world_size"))  # type: ignore[arg-type]
+        verified = resolve_verified(store, rule)
+        assert verified.entry is not None
+        assert verified.entry.save.endswith(seq.save)
+        assert verified.skipped == ()
+
+
+class TestWrongFramework:
+    def test_hf_folders_under_dcp_are_named_once(
+        self, store: PosixStore, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Under --framework dcp, a checkpoint-5 folder gets one warning naming hf; nothing is published."""
+        base = Path(store.exec_dir(ATTEMPT))
+        (base / "checkpoint-5").mkdir(parents=True)
+        (base / "checkpoint-5" / "trainer_state.json").write_text("{}")
+        watcher = Watcher(store, find_rule("dcp"), str(base), EPOCH, 1.0)
+        with caplog.at_level(logging.WARNING, logger="ckpt.watcher"):
+            assert watcher.scan() == []
+            assert watcher.scan() == []
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        expected = (
+            f"{base}: folder 'checkpoint-5' looks like a save but matches no dcp save name (step-<step>); "
+            "--framework hf (checkpoint-<step>) would take it"
+        )
+        assert warnings == [expected]
+
+    def test_no_warning_for_own_saves(self, store: PosixStore, caplog: pytest.LogCaptureFixture) -> None:
+        """Saves of the chosen rule, staging folders and unrelated names give no warning."""
+        base = Path(store.exec_dir(ATTEMPT))
+        for name in ("step-5", "tmp_step-6", "logs"):
+            (base / name).mkdir(parents=True)
+        with caplog.at_level(logging.WARNING, logger="ckpt.watcher"):
+            Watcher(store, find_rule("dcp"), str(base), EPOCH, 1.0).scan()
+        assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+
+
+class TestConfiguredAndPluginRules:
+    def test_configured_rule_publishes(self, store: PosixStore) -> None:
+        """A [[frameworks]] rule drives the watcher and verified resolve like a built-in one."""
+        (rule,) = parse_custom_rules(
+            [{"name": "mytrainer", "pattern": "ckpt_{step}", "required": ["DONE"], "zip": ["model.pt"]}],
+            BUILTIN,
+        )
+        base = Path(store.exec_dir(ATTEMPT))
+        save = base / "ckpt_3"
+        save.mkdir(parents=True)
+        (save / "model.pt").write_bytes(zip_bytes(50))
+        watcher = Watcher(store, rule, str(base), EPOCH, 1.0, settle=0)
+        assert watcher.scan() == []
+        (save / "DONE").write_bytes(b"")
+        assert [e.step for e in watcher.scan()] == [3]
+        assert resolve_verified(store, rule).entry is not None
+
+    def test_plugin_rule_publishes(self, store: PosixStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        """An installed plugin's rule drives the watcher by name."""
+        monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
+        base = Path(store.exec_dir(ATTEMPT))
+        (base / "run-9").mkdir(parents=True)
+        watcher = Watcher(store, find_rule("done-marker"), str(base), EPOCH, 1.0)
+        assert watcher.scan() == []
+        (base / "run-9" / "DONE").write_bytes(b"")
+        assert [e.step for e in watcher.scan()] == [9]
+
+
+class TestOnS3:
+    def test_deepspeed_and_a_lightning_file_on_s3(self, moto_server: str) -> None:
+        """On S3 (moto's server, real HTTP): a DeepSpeed tag and a Lightning file are published and verified;
+        the scan after costs one listing."""
+        arrange = raw_client(moto_server)
+        bucket = new_bucket_name()
+        arrange.create_bucket(Bucket=bucket)
+        client = raw_client(moto_server)
+        store = S3Store(f"s3://{bucket}/team", client)
+        saves = store.exec_dir(ATTEMPT)
+        prefix = saves[len(f"s3://{bucket}/") :]
+        for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+            arrange.put_object(Bucket=bucket, Key=f"{prefix}/global_step10/{name}", Body=zip_bytes(80))
+        arrange.put_object(Bucket=bucket, Key=f"{prefix}/latest", Body=b"global_step10")
+        arrange.put_object(Bucket=bucket, Key=f"{prefix}/epoch=0-step=4.ckpt", Body=zip_bytes(80))
+
+        deepspeed = Watcher(store, find_rule("deepspeed", world_size=1), saves, EPOCH, 1.0)
+        assert [e.step for e in deepspeed.scan()] == [10]
+        lightning = Watcher(store, find_rule("lightning"), saves, EPOCH, 1.0, settle=0)
+        assert [e.save.rpartition("/")[2] for e in lightning.scan()] == ["epoch=0-step=4.ckpt"]
+
+        log = RequestLog(client)
+        assert deepspeed.scan() == []
+        assert [operation for operation, _, _ in log.sent] == ["ListObjectsV2"]
+
+        verified = resolve_verified(store, find_rule("lightning"))
+        assert verified.entry is not None
+        assert verified.entry.save.endswith("epoch=0-step=4.ckpt")
+        assert resolve_verified(store, find_rule("deepspeed", world_size=1)).entry is not None
