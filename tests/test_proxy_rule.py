@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ckpt.domain import proxy as proxy_module
-from ckpt.domain.errors import ConfigError, InvalidError, ProxyConfigError
+from ckpt.domain.errors import ConfigError, InvalidError, InvalidTypeError, ProxyConfigError
 from ckpt.domain.proxy import ProxyRule, is_cgi, parse_proxy_url, redact_url
 from support.strategies import FUZZY_TEXT, FUZZY_URLS
 
@@ -231,6 +231,21 @@ class TestFromEnvironment:
             http_proxy="http://p1:1", https_proxy="http://p2:2", no_proxy=".internal", cgi=True
         )
 
+    @pytest.mark.parametrize(
+        ("environ", "names"),
+        [
+            (None, "proxy environment"),
+            ("HTTP_PROXY=p:1", "proxy environment"),
+            ({"HTTP_PROXY": 8080}, "HTTP_PROXY"),
+            ({"no_proxy": [".internal"]}, "no_proxy"),
+            ({"REQUEST_METHOD": b"GET"}, "REQUEST_METHOD"),
+        ],
+    )
+    def test_a_wrong_type_is_an_invalid_type_error(self, environ: object, names: str) -> None:
+        """Not a mapping of strings: ``InvalidTypeError`` naming the input, never ``AttributeError``."""
+        with pytest.raises(InvalidTypeError, match=names):
+            ProxyRule.from_environment(environ)  # type: ignore[arg-type]
+
     def test_is_cgi_needs_a_non_empty_request_method(self) -> None:
         """``REQUEST_METHOD`` unset or empty is not CGI; any non-empty value is."""
         assert (is_cgi({}), is_cgi({"REQUEST_METHOD": ""}), is_cgi({"REQUEST_METHOD": "HEAD"})) == (
@@ -360,7 +375,7 @@ class TestPurity:
 
     ALLOWED = frozenset(
         {"__future__", "ipaddress", "re", "collections.abc", "typing", "attrs"}
-        | {"ckpt.domain.errors", "ckpt.domain.loopback", "ckpt.domain.redaction"}
+        | {"ckpt.domain.arguments", "ckpt.domain.errors", "ckpt.domain.loopback", "ckpt.domain.redaction"}
         | {"ckpt.domain.proxy.no_proxy", "ckpt.domain.proxy.rule", "ckpt.domain.proxy.urls"}
     )
 

@@ -22,6 +22,7 @@ from typing import Final
 
 import attrs
 
+from ckpt.domain.arguments import require_instance, require_str
 from ckpt.domain.errors import ConfigError, ProxyConfigError
 from ckpt.domain.loopback import is_loopback_host
 from ckpt.domain.proxy.no_proxy import NoProxy, parse_no_proxy
@@ -31,6 +32,9 @@ from ckpt.domain.redaction import redact_url
 __all__ = ["ProxyRule", "is_cgi"]
 
 _CONFIG_KEYS: Final = ("http_proxy", "https_proxy", "no_proxy")
+
+
+_READ_VARIABLES: Final = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "REQUEST_METHOD")
 
 
 def is_cgi(environ: Mapping[str, str]) -> bool:
@@ -93,6 +97,12 @@ class ProxyRule:
         Raises:
             ProxyConfigError: a proxy variable that is read holds a malformed or non-http(s) value.
         """
+
+        require_instance(environ, Mapping, "the proxy environment")
+        for name in _READ_VARIABLES:
+            for spelled in (name, name.lower()):
+                if spelled in environ:
+                    require_str(environ[spelled], f"the environment variable {spelled}")
 
         def pick(upper: str) -> tuple[str, str | None]:
             for name in (upper, upper.lower()):
