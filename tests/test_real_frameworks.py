@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -22,8 +21,8 @@ import pytest
 from ckpt.adapters.posix import PosixStore
 from ckpt.application.verify import read_markers, resolve_verified
 from ckpt.application.watcher import Watcher
-from ckpt.domain.entries import Entry
 from ckpt.domain.frameworks import Framework, markers_problem
+from support.sidecar import Sidecar
 
 # Never reach a hub: the libraries read these when they are first imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,42 +39,6 @@ pytestmark = [
 
 ATTEMPT = "3.4103.0"
 EPOCH = 3_000_000
-
-
-class Sidecar:
-    """A watcher running in a thread beside the training loop, as the sidecar container runs beside it."""
-
-    def __init__(self, store: PosixStore, framework: Framework, **kwargs: Any) -> None:
-        self.published: list[Entry] = []
-        self.watcher = Watcher(
-            store,
-            framework,
-            store.exec_dir(ATTEMPT),
-            EPOCH,
-            kwargs.pop("interval", 0.05),
-            on_published=self.published.append,
-            scan_timeout=30,
-            **kwargs,
-        )
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.watcher.watch(self.stop)
-        except Exception as exc:
-            self.error = exc
-
-    def __enter__(self) -> Sidecar:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        self._thread.join(60)
-        assert not self._thread.is_alive()
-        assert self.error is None, self.error
 
 
 @pytest.fixture
@@ -95,7 +58,7 @@ class TestPyTorchDCP:
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         saved: dict[int, dict[str, Any]] = {}
-        with Sidecar(store, Framework.DCP) as sidecar:
+        with Sidecar(store, Framework.DCP, ATTEMPT, EPOCH) as sidecar:
             for step in (10, 20, 30):
                 for _ in range(3):
                     optimizer.zero_grad()
@@ -126,7 +89,7 @@ class TestPyTorchDCP:
         folder = os.path.join(store.exec_dir(ATTEMPT), "step-5")
         dcp.save({"w": torch.ones(3)}, checkpoint_id=folder)
         os.rename(os.path.join(folder, ".metadata"), os.path.join(folder, ".metadata.tmp"))
-        with Sidecar(store, Framework.DCP) as sidecar:
+        with Sidecar(store, Framework.DCP, ATTEMPT, EPOCH) as sidecar:
             pass
         assert sidecar.published == []
 
@@ -169,7 +132,7 @@ class TestHuggingFaceTrainer:
                 model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=RandomTokens(64)
             )
 
-        with Sidecar(store, Framework.HF, settle=0.2) as sidecar:
+        with Sidecar(store, Framework.HF, ATTEMPT, EPOCH, settle=0.2) as sidecar:
             trainer(12).train()
         exec_dir = Path(store.exec_dir(ATTEMPT))
         surviving = sorted(p.name for p in exec_dir.iterdir() if p.name.startswith("checkpoint-"))

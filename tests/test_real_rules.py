@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ import pytest
 
 from ckpt.adapters.posix import PosixStore
 from ckpt.application.watcher import Watcher
-from ckpt.domain.entries import Entry
 from ckpt.rulebook import find_rule
+from support.sidecar import Sidecar
 
 pytestmark = [
     pytest.mark.frameworks,
@@ -35,42 +34,6 @@ pytestmark = [
 
 ATTEMPT = "5.4105.0"
 EPOCH = 5_000_000
-
-
-class Sidecar:
-    """A watcher in a thread beside the training loop, as the sidecar container runs beside it."""
-
-    def __init__(self, store: PosixStore, framework: str, **kwargs: Any) -> None:
-        self.published: list[Entry] = []
-        self.watcher = Watcher(
-            store,
-            find_rule(framework),
-            store.exec_dir(ATTEMPT),
-            EPOCH,
-            kwargs.pop("interval", 0.05),
-            on_published=self.published.append,
-            scan_timeout=30,
-            **kwargs,
-        )
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.watcher.watch(self.stop)
-        except Exception as exc:
-            self.error = exc
-
-    def __enter__(self) -> Sidecar:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        self._thread.join(60)
-        assert not self._thread.is_alive()
-        assert self.error is None, self.error
 
 
 def ckpt_resolve(store: PosixStore, framework: str, *extra: str) -> dict[str, Any]:
@@ -165,7 +128,7 @@ class TestLightning:
     def test_single_file_saves_publish_and_resume(self, store: PosixStore) -> None:
         """ModelCheckpoint's .ckpt files are published (last.ckpt never); the next run resumes there."""
         saves = store.exec_dir(ATTEMPT)
-        with Sidecar(store, "lightning", settle=0.1) as sidecar:
+        with Sidecar(store, find_rule("lightning"), ATTEMPT, EPOCH, settle=0.1) as sidecar:
             _lightning_run(saves, 4, None)
         assert sorted(os.listdir(saves)) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "last.ckpt"]
         assert sorted(e.step for e in sidecar.published) == [2, 4]
@@ -182,7 +145,7 @@ class TestLightning:
         strategies = lightning.pytorch.strategies
         strategy = strategies.ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
         saves = store.exec_dir(ATTEMPT)
-        with Sidecar(store, "lightning", settle=0) as sidecar:
+        with Sidecar(store, find_rule("lightning"), ATTEMPT, EPOCH, settle=0) as sidecar:
             _lightning_run(saves, 4, None, sharded=True, strategy=strategy)
         files = sorted(os.listdir(os.path.join(saves, "epoch=0-step=4.ckpt")))
         assert files == [".metadata", "__0_0.distcp", "meta.pt"]
@@ -206,7 +169,7 @@ class TestOrbax:
 
         saves = store.exec_dir(ATTEMPT)
         state = {"w": jnp.zeros(8), "step": 0}
-        with Sidecar(store, "orbax", settle=0) as sidecar:
+        with Sidecar(store, find_rule("orbax"), ATTEMPT, EPOCH, settle=0) as sidecar:
             manager = ocp.CheckpointManager(saves)
             for step in (1, 2, 3):
                 state = {"w": state["w"] + 1, "step": step}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from rule_layouts import zip_bytes
+from support.rule_layouts import zip_bytes
 
 ZIP = zip_bytes(300)
 SHARD = bytes(range(256)) * 2
