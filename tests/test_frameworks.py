@@ -10,16 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ckpt.application.watcher import Watcher
 from ckpt.domain.entries import MAX_U64
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.frameworks import (
     RNG_STATE_MAX_BYTES,
     FileTail,
     Framework,
-    Listing,
     Markers,
     default_settle,
-    judge_save,
     markers_problem,
     parse_framework,
     parse_world_size,
@@ -30,6 +29,9 @@ from ckpt.domain.frameworks import (
     zip_tail_problem,
 )
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.rules import builtin_rule
+from ckpt.domain.rules.settle import Look, settle_verdict
+from ckpt.testing import InMemoryStore
 
 HF, DCP = Framework.HF, Framework.DCP
 STATE = b'{"global_step": 500, "log_history": [{"loss": NaN}]}'
@@ -301,43 +303,50 @@ class TestMarkersProblem:
         assert reason in (None, "trainer_state.json is not a JSON object")
 
 
-def look(files: dict[str, int], started: float, finished: float | None = None) -> Listing:
-    return Listing(
+def look(files: dict[str, int], started: float, finished: float | None = None) -> Look:
+    return Look(
         tuple(FileInfo(p, s) for p, s in sorted(files.items())),
         started,
         started if finished is None else finished,
     )
 
 
-class TestJudgeSave:
+class TestMarkersThenSettle:
+    """The watcher's verdict for hf/dcp: the marker rule's reason, then the one settle rule (rules/settle.py)."""
+
     def test_markers_first(self) -> None:
         """Incomplete markers win over any listing, and the verdict asks to forget the settle state."""
-        verdict = judge_save(HF, Markers(), settle=1, listing=look({"a": 1}, 10), since=look({"a": 1}, 0))
+        verdict = settle_verdict(
+            markers_problem(HF, Markers()), settle=1, look=look({"a": 1}, 10), since=look({"a": 1}, 0)
+        )
         assert (verdict.complete, verdict.reason, verdict.since) == (False, "no trainer_state.json", None)
 
     def test_no_settle_means_complete_at_first_look(self) -> None:
-        """With settle 0 the markers alone decide; no listing is needed."""
-        assert judge_save(HF, Markers(trainer_state=b"{}"), settle=0).complete
-        assert judge_save(DCP, Markers(metadata=True), settle=0).complete
+        """With settle 0 the markers alone decide; no look is needed."""
+        assert settle_verdict(
+            markers_problem(HF, Markers(trainer_state=b"{}")), settle=0, look=None, since=None
+        ).complete
+        assert settle_verdict(
+            markers_problem(DCP, Markers(metadata=True)), settle=0, look=None, since=None
+        ).complete
 
     def test_first_look_starts_settling(self) -> None:
         """The first look at a save with complete markers is kept, and the save is not complete yet."""
         first = look({"trainer_state.json": 2}, 0.0, 0.1)
-        verdict = judge_save(HF, Markers(trainer_state=b"{}"), settle=1, listing=first)
+        verdict = settle_verdict(None, settle=1, look=first, since=None)
         assert (verdict.complete, verdict.since) == (False, first)
         assert verdict.reason == "not settled: first look at its files"
 
     def test_settles_after_the_settle_time(self) -> None:
         """An unchanged listing seen settle seconds after the first look ended makes the save complete."""
         first = look({"trainer_state.json": 2, "model": 9}, 0.0, 0.5)
-        markers = Markers(trainer_state=b"{}")
-        early = judge_save(
-            HF, markers, settle=2, listing=look({"trainer_state.json": 2, "model": 9}, 2.4), since=first
+        early = settle_verdict(
+            None, settle=2, look=look({"trainer_state.json": 2, "model": 9}, 2.4), since=first
         )
         assert (early.complete, early.since) == (False, first)
         assert early.reason == "not settled: unchanged for 1.9s of 2s"
-        on_time = judge_save(
-            HF, markers, settle=2, listing=look({"trainer_state.json": 2, "model": 9}, 2.5), since=first
+        on_time = settle_verdict(
+            None, settle=2, look=look({"trainer_state.json": 2, "model": 9}, 2.5), since=first
         )
         assert on_time.complete
 
@@ -354,41 +363,37 @@ class TestJudgeSave:
         """A change in names or sizes, however late, restarts the settle from this look."""
         first = look({"trainer_state.json": 2, "model": 9}, 0.0)
         now = look(changed, 100.0)
-        verdict = judge_save(HF, Markers(trainer_state=b"{}"), settle=1, listing=now, since=first)
+        verdict = settle_verdict(None, settle=1, look=now, since=first)
         assert (verdict.complete, verdict.since) == (False, now)
         assert verdict.reason == "not settled: its files changed since the last scan"
 
     def test_settle_never_delays_dcp(self) -> None:
-        """A dcp save with .metadata is complete at once, whatever the settle (it bounds the drain only)."""
-        verdict = judge_save(DCP, Markers(metadata=True), settle=3600, listing=look({".metadata": 3}, 0))
+        """The dcp rule's settle time is 0 whatever is given (settle bounds only the drain after SIGTERM)."""
+        rule = builtin_rule("dcp")
+        assert (rule.settle_time(10.0), rule.settle_time(10.0, 3600.0)) == (0.0, 0.0)
+        verdict = settle_verdict(None, settle=rule.settle_time(10.0, 3600.0), look=None, since=None)
         assert (verdict.complete, verdict.since) == (True, None)
-        assert judge_save(DCP, Markers(metadata=True), settle=3600).complete  # no listing needed
 
     def test_ranks_before_settle(self) -> None:
         """A missing rank's file is the verdict and drops the settle state, whatever the listing says."""
-        verdict = judge_save(
-            HF,
-            Markers(trainer_state=STATE, rank_states=(whole(RNG),)),
-            settle=1,
-            listing=look({"a": 1}, 10),
-            since=look({"a": 1}, 0),
-            world_size=2,
-        )
+        reason = markers_problem(HF, Markers(trainer_state=STATE, rank_states=(whole(RNG),)), world_size=2)
+        verdict = settle_verdict(reason, settle=1, look=look({"a": 1}, 10), since=look({"a": 1}, 0))
         assert (verdict.reason, verdict.since) == (
             "no rng_state_1.pth (rank 1 of 2 has not finished its part of the save)",
             None,
         )
 
-    def test_settle_needs_a_listing(self) -> None:
-        """Asking for a settle without this scan's listing is a programming error (InvalidError)."""
-        with pytest.raises(InvalidError, match="needs this scan's listing"):
-            judge_save(HF, Markers(trainer_state=b"{}"), settle=1)
-
     @pytest.mark.parametrize("settle", [-1, float("nan"), float("inf"), True, "1"])
     def test_bad_settle(self, settle: object) -> None:
-        """A settle time that is negative, not finite or not a number is refused."""
+        """A settle time that is negative, not finite or not a number is refused where it is given."""
+        store = InMemoryStore()
         with pytest.raises(InvalidError, match="settle time"):
-            judge_save(HF, Markers(trainer_state=b"{}"), settle=settle, listing=look({}, 0))  # type: ignore[arg-type]
+            Watcher(store, HF, store.exec_dir("1.1.0"), 1, 1.0, settle=settle)  # type: ignore[arg-type]
+
+    def test_settle_needs_a_look(self) -> None:
+        """Asking for a settle without this scan's look is a programming error."""
+        with pytest.raises(ValueError, match="needs this scan's look"):
+            settle_verdict(None, settle=1, look=None, since=None)
 
     @given(
         st.floats(min_value=0.001, max_value=1e6),
@@ -401,5 +406,5 @@ class TestJudgeSave:
         """Unchanged, it is complete exactly when the second look starts settle after the first ended."""
         first = look({"f": 1}, 0.0, end)
         second = look({"f": 1}, end + gap)
-        verdict = judge_save(HF, Markers(trainer_state=b"{}"), settle=settle, listing=second, since=first)
+        verdict = settle_verdict(None, settle=settle, look=second, since=first)
         assert verdict.complete == ((end + gap) - end >= settle)

@@ -21,11 +21,8 @@ Rules:
    process writes ``trainer_state.json``; a rank that died mid-save never changes the listing again, so
    settle alone cannot catch it. With ``N`` unknown or 1 there is nothing more to check (one process writes
    ``rng_state.pth`` before ``trainer_state.json``).
-4. Settle (the watcher only, ``hf`` only): with a settle time ``S > 0``, a save whose markers are complete
-   is complete only once its listing of file names and sizes was identical on two looks at least ``S``
-   apart, measured from the *end* of the first look to the *start* of the second, with no change seen in
-   between. The default is one interval. ``S == 0`` means a save is complete on the first look at its
-   markers. A ``dcp`` save never waits for settle: ``.metadata`` is renamed into place after every rank has
+4. Settle (the watcher only, ``hf`` only) is the one settle rule of ``ckpt.domain.rules.settle``, applied
+   after the markers: the default settle time is one interval. A ``dcp`` save never waits for settle: ``.metadata`` is renamed into place after every rank has
    written, so it is a true completion marker; for ``dcp`` the settle time only bounds the watcher's drain.
 5. Verified resolve uses the markers only (rules 2 and 3): settle is about a save still being written, and
    a published save was settled when it was published.
@@ -37,7 +34,6 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 from collections.abc import Iterable
 
 import attrs
@@ -45,7 +41,6 @@ import attrs
 from ckpt.domain.arguments import require_str
 from ckpt.domain.entries import parse_step
 from ckpt.domain.errors import InvalidError
-from ckpt.domain.ports import FileInfo
 
 __all__ = [
     "INCOMPLETE_SENTINEL",
@@ -55,15 +50,12 @@ __all__ = [
     "ZIP_TAIL_BYTES",
     "FileTail",
     "Framework",
-    "Listing",
     "Markers",
     "SaveFolder",
-    "Verdict",
     "check_markers",
     "check_world_size",
     "check_zip_tail",
     "default_settle",
-    "judge_save",
     "markers_problem",
     "parse_framework",
     "parse_world_size",
@@ -292,83 +284,6 @@ def markers_problem(framework: Framework, markers: Markers, *, world_size: int |
         if problem is not None:
             return f"{name} is not a complete zip: {problem} (rank {rank} of {len(names)} was cut short)"
     return None
-
-
-@attrs.frozen
-class Listing:
-    """One look at a save's files (names and sizes) and the clock readings just before and after it."""
-
-    files: tuple[FileInfo, ...]
-    started: float
-    finished: float
-
-
-@attrs.frozen
-class Verdict:
-    """Whether a save is complete; if not, why, and (while settling) the look to compare the next one with.
-
-    ``reason`` is ``None`` for a complete save. ``since`` is set when the markers are complete but the save
-    has not settled yet: the earliest look since which its listing has not changed. The caller keeps it and
-    passes it back on the next scan; a verdict without ``since`` means "forget what you kept".
-    """
-
-    reason: str | None
-    since: Listing | None = None
-
-    @property
-    def complete(self) -> bool:
-        """True when the save may be published."""
-        return self.reason is None
-
-
-def _check_settle(settle: float) -> float:
-    if isinstance(settle, bool) or not isinstance(settle, int | float):
-        raise InvalidError(f"settle time {settle!r} is not a number")
-    if not math.isfinite(settle) or settle < 0:
-        raise InvalidError(f"settle time {settle!r} must be a finite number of seconds >= 0")
-    return float(settle)
-
-
-def judge_save(
-    framework: Framework,
-    markers: Markers,
-    *,
-    settle: float,
-    listing: Listing | None = None,
-    since: Listing | None = None,
-    world_size: int | None = None,
-) -> Verdict:
-    """Decide whether a save is complete for the watcher: markers (rules 2, 3), then settle (rule 4).
-
-    ``listing`` is this scan's look at the save's files; it is needed only for ``hf`` when ``settle > 0``
-    and the markers are complete. ``since`` is what the previous verdict for this save kept. ``world_size``
-    is passed on to :func:`markers_problem`. A ``dcp`` save is complete once its markers are: settle never
-    delays it.
-
-    >>> state = Markers(trainer_state=b"{}")
-    >>> first = Listing((FileInfo("trainer_state.json", 2),), started=0.0, finished=0.1)
-    >>> judge_save(Framework.HF, state, settle=5, listing=first).reason
-    'not settled: first look at its files'
-    >>> later = Listing(first.files, started=5.2, finished=5.3)
-    >>> judge_save(Framework.HF, state, settle=5, listing=later, since=first).complete
-    True
-    """
-    settle = _check_settle(settle)
-    reason = markers_problem(framework, markers, world_size=world_size)
-    if reason is not None:
-        return Verdict(reason)
-    if settle == 0 or framework is Framework.DCP:
-        return Verdict(None)
-    if listing is None:
-        raise InvalidError("judging a settle needs this scan's listing of the save's files")
-    if since is None:
-        return Verdict("not settled: first look at its files", since=listing)
-    if since.files != listing.files:
-        return Verdict("not settled: its files changed since the last scan", since=listing)
-    waited = listing.started - since.finished
-    if waited >= settle:
-        return Verdict(None)
-    return Verdict(f"not settled: unchanged for {max(waited, 0.0):.3g}s of {settle:g}s", since=since)
 
 
 # Old names, which did not say what they return (a problem, or the checked value): kept so that callers not
