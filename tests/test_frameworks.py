@@ -312,7 +312,7 @@ def look(files: dict[str, int], started: float, finished: float | None = None) -
 
 
 class TestMarkersThenSettle:
-    """The watcher's verdict for hf/dcp: the marker rule's reason, then the one settle rule (rules/settle.py)."""
+    """The watcher's verdict for hf/dcp: the marker rule's reason, then the one settle rule."""
 
     def test_markers_first(self) -> None:
         """Incomplete markers win over any listing, and the verdict asks to forget the settle state."""

@@ -22,8 +22,9 @@ Rules:
    settle alone cannot catch it. With ``N`` unknown or 1 there is nothing more to check (one process writes
    ``rng_state.pth`` before ``trainer_state.json``).
 4. Settle (the watcher only, ``hf`` only) is the one settle rule of ``ckpt.domain.rules.settle``, applied
-   after the markers: the default settle time is one interval. A ``dcp`` save never waits for settle: ``.metadata`` is renamed into place after every rank has
-   written, so it is a true completion marker; for ``dcp`` the settle time only bounds the watcher's drain.
+   after the markers: the default settle time is one interval. A ``dcp`` save never waits for settle:
+   ``.metadata`` is renamed into place after every rank has written, so it is a true completion marker; for
+   ``dcp`` the settle time only bounds the watcher's drain.
 5. Verified resolve uses the markers only (rules 2 and 3): settle is about a save still being written, and
    a published save was settled when it was published.
 
