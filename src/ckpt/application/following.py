@@ -24,8 +24,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from ckpt.application.bounded import call_within
 from ckpt.domain.entries import Entry
-from ckpt.domain.errors import InvalidError, ScanTimeoutError
+from ckpt.domain.errors import InvalidError
 from ckpt.domain.follow import Followed, StopSignal, new_entries
 from ckpt.domain.ports import Store
 
@@ -45,30 +46,9 @@ def _seconds(value: float, what: str) -> float:
 
 def _list_within(store: Store, timeout: float | None) -> list[Entry]:
     """``store.entries()``, given at most ``timeout`` seconds (rule 4)."""
-    if timeout is None:
-        return store.entries()
-    outcome: list[list[Entry] | Exception] = []
-
-    def run() -> None:
-        try:
-            outcome.append(store.entries())
-        except Exception as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
-            outcome.append(exc)
-
-    worker = threading.Thread(target=run, name="ckpt-follow-listing", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise ScanTimeoutError(
-            f"listing the entries of {store.root} took longer than {timeout:g}s "
-            "(the store is too slow or stopped answering)"
-        )
-    if not outcome:  # the thread died of a BaseException, which Python has already reported
-        raise ScanTimeoutError(f"listing the entries of {store.root} ended without a result")
-    result = outcome[0]
-    if isinstance(result, Exception):
-        raise result
-    return result
+    return call_within(
+        store.entries, timeout, what=f"listing the entries of {store.root}", thread_name="ckpt-follow-listing"
+    )
 
 
 def follow(

@@ -45,6 +45,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from ckpt.application.bounded import call_within
 from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import MAX_U64, Entry
 from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
@@ -292,33 +293,19 @@ class Watcher:
 
     def _timed_scan(self) -> list[Entry]:
         """Run one scan, bounded by the scan timeout when there is one (rule 5)."""
-        if self.scan_timeout is None:
-            return self.scan()
-        outcome: list[list[Entry] | Exception] = []
-
-        def run() -> None:
-            try:
-                outcome.append(self.scan())
-            except Exception as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
-                outcome.append(exc)
-
-        worker = threading.Thread(target=run, name="ckpt-watcher-scan", daemon=True)
         started = self.clock()
-        worker.start()
-        worker.join(self.scan_timeout)
-        if worker.is_alive():
+
+        def given_up() -> None:
             self._spent = True
             self._report(started, [], error=ScanTimeoutError.__name__)
-            raise ScanTimeoutError(
-                f"a scan of {self.saves_location} took longer than {self.scan_timeout:g}s "
-                "(the store is too slow or stopped answering)"
-            )
-        if not outcome:  # the thread died of a BaseException, which Python has already reported
-            raise ScanTimeoutError(f"a scan of {self.saves_location} ended without a result")
-        result = outcome[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
+
+        return call_within(
+            self.scan,
+            self.scan_timeout,
+            what=f"a scan of {self.saves_location}",
+            thread_name="ckpt-watcher-scan",
+            on_timeout=given_up,
+        )
 
     def _earliest_settled(self) -> float | None:
         """When the soonest save on its way could next be found complete, or ``None`` when none is.
