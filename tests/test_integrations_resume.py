@@ -29,6 +29,7 @@ from ckpt.domain.ports import FileInfo, WatchStore
 from ckpt.testing import InMemoryStore
 from support.harness import Harness
 from support.integ_kill_writer import BOUNDARIES_PER_SAVE, complete_steps
+from support.rule_layouts import zip_bytes
 
 STATE = json.dumps({"global_step": 1}).encode()
 HF_FILES = {"model.safetensors": b"m" * 64, "trainer_state.json": STATE}
@@ -312,6 +313,37 @@ class TestResumeCommand:
         result = ckpt("resume", "--framework", "hf", "--no-catch-up", env=env)
         assert (result.returncode, result.stdout) == (0, "")
         assert not (tmp_path / "pub").exists()
+
+    def test_any_rule_the_watcher_takes(self, tmp_path: Path) -> None:
+        """A built-in rule beyond hf/dcp (a Lightning single-file save) and a configured rule catch up too."""
+        env = self.env(tmp_path, "b", 20)
+        dead = tmp_path / "exec" / "a"
+        dead.mkdir(parents=True)
+        (dead / EPOCH_RECORD).write_bytes(b"10\n")
+        whole = dead / "epoch=0-step=100.ckpt"
+        whole.write_bytes(zip_bytes(256))
+        (dead / "epoch=0-step=200.ckpt").write_bytes(zip_bytes(256)[:-30])  # cut short: no zip end record
+        result = ckpt("resume", "--framework", "lightning", "--settle", "0", env=env)
+        assert (result.returncode, result.stdout) == (0, f"{whole}\n"), result.stderr
+        assert ckpt("entries", env=env).stdout.splitlines() == [f"10 100 {whole}"]
+
+        config = tmp_path / "ckpt.toml"
+        config.write_text('[[frameworks]]\nname = "mine"\npattern = "save_{step}"\nrequired = ["DONE"]\n')
+        done = dead / "save_300"
+        done.mkdir()
+        (done / "DONE").write_bytes(b"")
+        (dead / "save_400").mkdir()  # no DONE yet
+        mine = ckpt("--config", str(config), "resume", "--framework", "mine", "--settle", "0", env=env)
+        assert (mine.returncode, mine.stdout) == (0, f"{done}\n"), mine.stderr
+        assert ckpt("entries", env=env).stdout.splitlines() == [f"10 100 {whole}", f"10 300 {done}"]
+
+    def test_an_unknown_rule_is_refused_naming_the_known_ones(self, tmp_path: Path) -> None:
+        """A name no rule has: exit 2, one line listing the names it could be; nothing is recorded."""
+        result = ckpt("resume", "--framework", "keras", env=self.env(tmp_path, "b", 20))
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert all(name in result.stderr for name in ("keras", "lightning", "orbax")), result.stderr
+        assert not (tmp_path / "exec").exists()
 
     @pytest.mark.parametrize("missing", ["DISPATCH_EPOCH", "DISPATCH_ATTEMPT"])
     def test_missing_epoch_or_attempt_is_a_usage_error(self, tmp_path: Path, missing: str) -> None:

@@ -43,6 +43,8 @@ from ckpt.domain.entries import Entry, parse_step, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError, NotFoundError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.ports import SyncsSaves, WatchStore, WritesSmallFiles
+from ckpt.domain.rules import Rule
+from ckpt.rulebook import as_rule
 
 __all__ = [
     "DEFAULT_SETTLE",
@@ -156,7 +158,7 @@ def _records(store: WatchStore, attempt: str) -> dict[str, int | None]:
 
 def catch_up(
     store: WatchStore,
-    framework: Framework,
+    framework: Framework | Rule,
     *,
     attempt: str,
     epoch: int,
@@ -166,24 +168,25 @@ def catch_up(
 ) -> CaughtUp:
     """Publish every complete, unpublished save of the execution folders the plan names, at their epochs.
 
-    ``settle`` (default :data:`DEFAULT_SETTLE` for ``hf``, 0 for ``dcp``) is how long a save's listing must
-    stay unchanged before it is published; the whole catch-up waits at most that long after its first scan.
+    ``framework`` is a :class:`Framework` or any rule (``ckpt.rulebook.find_rule``: built-in, configured or a
+    plugin's). ``settle`` (default: the rule's settle time for the sidecar's default interval,
+    :data:`DEFAULT_SETTLE`; 10 s for ``hf``, 0 for ``dcp``) is how long a save's listing must stay unchanged
+    before it is published; the whole catch-up waits at most that long after its first scan.
     Store errors propagate.
     """
     validate_attempt(attempt)
-    if settle is None:
-        settle = DEFAULT_SETTLE if framework is Framework.HF else 0.0
+    rule = as_rule(framework, world_size)
+    settle = rule.settle_time(DEFAULT_SETTLE, settle)
     plan = plan_catch_up(attempt, epoch, _records(store, attempt), store.entries())
     watchers = [
         Watcher(
             store,
-            framework,
+            rule,
             store.exec_dir(target.attempt),
             target.epoch,
             interval=settle or 1.0,
             settle=settle,
             scan_timeout=scan_timeout,
-            world_size=world_size,
         )
         for target in plan.targets
     ]
@@ -269,7 +272,7 @@ class Resumed:
 
 def resume(
     store: WatchStore,
-    framework: Framework,
+    framework: Framework | Rule,
     *,
     attempt: str,
     epoch: int,
@@ -282,18 +285,13 @@ def resume(
 
     ``catch_up_first=False`` skips the catch-up (and the record) and is a plain verified resolve.
     """
+    rule = as_rule(framework, world_size)
     caught: CaughtUp | None = None
     if catch_up_first:
         record_epoch(store, attempt, epoch)
         caught = catch_up(
-            store,
-            framework,
-            attempt=attempt,
-            epoch=epoch,
-            settle=settle,
-            scan_timeout=scan_timeout,
-            world_size=world_size,
+            store, rule, attempt=attempt, epoch=epoch, settle=settle, scan_timeout=scan_timeout
         )
-    verified = resolve_verified(store, framework, world_size=world_size)
+    verified = resolve_verified(store, rule)
     location = None if verified.entry is None else store.location(verified.entry)
     return Resumed(verified.entry, location, verified.skipped, caught)

@@ -2,10 +2,12 @@
 
 Rules:
 
-1. Arguments: ``--framework hf|dcp``; the epoch from ``--epoch | DISPATCH_EPOCH`` and the attempt from
+1. Arguments: ``--framework NAME`` (any rule ``watch`` accepts: built-in, a configured ``[[frameworks]]``
+   table or a plugin's); the epoch from ``--epoch | DISPATCH_EPOCH`` and the attempt from
    ``--attempt | DISPATCH_ATTEMPT`` (both required: the command records this execution's epoch);
-   ``--settle`` (seconds; default 10 for ``hf``, 0 for ``dcp``) and ``--scan-timeout`` (120) as for ``watch``;
-   ``--no-catch-up`` makes it a verified resolve that prints nothing on a first run.
+   ``--settle`` (seconds; default: the rule's settle time for a 10 s interval, so 10 for ``hf``, 0 for
+   ``dcp``) and ``--scan-timeout`` (120) as for ``watch``; ``--no-catch-up`` makes it a verified resolve
+   that prints nothing on a first run.
 2. It records this execution's epoch in ``exec/<attempt>/.ckpt-epoch``, publishes the complete saves earlier
    executions never published (under their own epochs), then resolves against the framework's rule.
 3. Output: the location to resume from and a newline, or **nothing**, with exit 0 either way, so a job
@@ -22,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.ports import WatchStore
+
+if TYPE_CHECKING:
+    from ckpt.config import Config
 
 __all__ = ["register"]
 
@@ -42,6 +47,8 @@ class _Context(Protocol):
 
     def store(self) -> WatchStore: ...
 
+    def config(self) -> Config: ...
+
     def say(self, line: str) -> None: ...
 
     def warn(self, line: str) -> None: ...
@@ -57,7 +64,13 @@ def register(commands: Any) -> None:
             "and print the location of the newest complete save, or nothing when there is none (exit 0)."
         ),
     )
-    p.add_argument("--framework", required=True, choices=("hf", "dcp"), help="save layout and rule")
+    p.add_argument(
+        "--framework",
+        required=True,
+        metavar="NAME",
+        help="save layout and rule: hf, dcp, lightning, deepspeed, megatron, nemo, orbax, a configured or "
+        "plugin rule",
+    )
     p.add_argument("--attempt", help="this execution's attempt (DISPATCH_ATTEMPT)")
     p.add_argument("--epoch", help="this execution's epoch (DISPATCH_EPOCH)")
     p.add_argument("--settle", metavar="SECONDS", help="settle time for saves a zombie may still write")
@@ -65,7 +78,7 @@ def register(commands: Any) -> None:
         "--scan-timeout", metavar="SECONDS", help="give up on a scan after this long (default 120)"
     )
     p.add_argument(
-        "--world-size", metavar="N", help="hf: processes that wrote the saves; all their files must be there"
+        "--world-size", metavar="N", help="processes that wrote the saves (hf, dcp, deepspeed, lightning)"
     )
     p.add_argument("--no-catch-up", action="store_true", help="only resolve (verified); publish nothing")
     p.set_defaults(handler=_handle)
@@ -89,10 +102,13 @@ def _required(args: argparse.Namespace, environ: Mapping[str, str], name: str, v
 def _handle(ctx: _Context) -> int:
     from ckpt.catchup import DEFAULT_SCAN_TIMEOUT, resume
     from ckpt.domain.entries import parse_epoch, validate_attempt
-    from ckpt.domain.frameworks import parse_framework, parse_world_size
+    from ckpt.domain.frameworks import parse_world_size
+    from ckpt.rulebook import find_rule
 
     args = ctx.args
-    framework = parse_framework(args.framework)
+    # As for resolve: the size of the run that wrote the saves, only when given (never WORLD_SIZE).
+    world_size = None if args.world_size is None else parse_world_size(args.world_size)
+    rule = find_rule(args.framework, world_size=world_size, configured=ctx.config().frameworks)
     epoch = parse_epoch(_required(args, ctx.environ, "epoch", "DISPATCH_EPOCH"))
     attempt = validate_attempt(_required(args, ctx.environ, "attempt", "DISPATCH_ATTEMPT"))
     settle = _seconds(args.settle, "--settle", allow_zero=True)
@@ -100,14 +116,12 @@ def _handle(ctx: _Context) -> int:
     store = ctx.store()
     resumed = resume(
         store,
-        framework,
+        rule,
         attempt=attempt,
         epoch=epoch,
         settle=settle,
         catch_up_first=not args.no_catch_up,
         scan_timeout=DEFAULT_SCAN_TIMEOUT if timeout is None else timeout,
-        # As for resolve: the size of the run that wrote the saves, only when given (never WORLD_SIZE).
-        world_size=None if args.world_size is None else parse_world_size(args.world_size),
     )
     caught = resumed.caught_up  # each caught-up save and each folder passed over was logged (stderr)
     for entry, reason in resumed.skipped:
