@@ -132,6 +132,16 @@ class TestS3Record:
         assert record_epoch(store, "a", 12) == 10  # a higher epoch keeps the lower record: one read
         assert log.operations() == ["GetObject"]
 
+    def test_a_missing_bucket_is_not_found_and_not_created(self, harness: S3Harness) -> None:
+        """A mistyped bucket fails with NotFoundError; nothing creates it."""
+        from ckpt.adapters.s3 import S3Store
+
+        missing = new_bucket_name()
+        with pytest.raises(NotFoundError):
+            record_epoch(S3Store(f"s3://{missing}/run", harness.store_client), "a", 3)
+        names = [b["Name"] for b in harness.client.list_buckets()["Buckets"]]
+        assert missing not in names
+
     def test_catch_up_publishes_a_dead_execution_that_never_published(self, harness: S3Harness) -> None:
         """Execution a recorded its epoch, wrote saves and died before publishing anything: the next start
         publishes its complete saves under epoch 10 (without the record it would be passed over)."""
