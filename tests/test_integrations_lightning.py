@@ -151,3 +151,34 @@ class TestCatchUp:
             whole / "model.ckpt"
         )
         assert [(e.epoch, e.step) for e in PosixStore(str(tmp_path)).entries()] == [(10, 8)]
+
+
+class TestCatchUpOnS3:
+    def test_a_checkpoint_larger_than_the_read_cap_is_caught_up(self, tmp_path: Path) -> None:
+        """On S3 only the end of model.ckpt is read (a ranged GET): a whole checkpoint bigger than the 64 MiB
+        a store reads from a file is still caught up, and one cut short is not."""
+        pytest.importorskip("lightning")
+        import io
+        import zipfile
+
+        from ckpt.catchup import record_epoch
+        from ckpt.domain.saves import MAX_READ_BYTES
+        from ckpt.integrations.lightning import resume_location
+        from support.s3 import moto_in_process
+
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr("archive/data/0", bytes(MAX_READ_BYTES + 1024))
+        whole = buffer.getvalue()
+        harness = moto_in_process(None, tmp_path)  # type: ignore[arg-type]
+        s3 = next(harness)
+        try:
+            store = s3.store()
+            record_epoch(store, "a", 10)
+            s3.make_save("exec/a/step-4", {"model.ckpt": whole})
+            s3.make_save("exec/a/step-6", {"model.ckpt": whole[:4096]})  # torn: no end record
+            location = resume_location(store=store, epoch=20, attempt="b", environ={})
+            assert location == f"{store.root}/exec/a/step-4/model.ckpt"
+            assert [(e.epoch, e.step) for e in store.entries()] == [(10, 4)]
+        finally:
+            harness.close()

@@ -1,52 +1,27 @@
-"""Resume: record this execution's epoch, publish what earlier executions completed, then resolve.
+"""Resume with catch-up: the public name of :mod:`ckpt.application.catchup`.
 
-This is the one step a job runs when it starts (``ckpt resume``, ``ckpt.resume_location``, and every
-integration's resume helper), built on the public ``WatchStore`` port, the framework rules and the watcher:
-
-1. :func:`record_epoch` writes ``exec/<attempt>/.ckpt-epoch`` (``ckpt.domain.catchup`` rule 1), so that a
-   later execution knows this one's epoch even if it dies before publishing anything. A folder that already
-   records a lower epoch keeps it (the lower epoch is the safe one to publish its saves at).
-2. :func:`catch_up` lists ``exec/``, reads each folder's record, plans with
-   :func:`~ckpt.domain.catchup.plan_catch_up`, and runs one :class:`~ckpt.application.watcher.Watcher`
-   per target at
-   the target's epoch, as ``ckpt watch --once`` does: one scan, then at most the settle time for saves whose
-   markers are complete to settle (the writer may be a zombie still writing). The watchers run side by side,
-   so a catch-up takes at most one settle time however many folders it looks into.
-3. :func:`resume` then resolves, verified against the framework's rule.
-4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Lightning, Accelerate):
-   the caller says when a save is whole; there is no settle, so that must be a real completion check.
-
-docs/adr/0011-catch-up-on-resume.md says why, and why publishing an older execution's saves is safe.
+The flow (record this execution's epoch, publish what earlier executions completed, resolve verified) lives
+in the application layer over the store ports; the integrations, ``ckpt resume`` and embedders import it from
+here.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-
-import attrs
-
-from ckpt.application.verify import resolve_verified
-from ckpt.application.watcher import Watcher
-from ckpt.domain.catchup import (
-    EPOCH_RECORD,
-    CatchUpPlan,
-    PassedExecution,
-    format_epoch_record,
-    parse_epoch_record,
-    plan_catch_up,
+from ckpt.application.catchup import (
+    DEFAULT_SCAN_TIMEOUT,
+    DEFAULT_SETTLE,
+    CaughtUp,
+    Resumed,
+    catch_up,
+    catch_up_folders,
+    is_vanished_save,
+    read_epoch_record,
+    record_epoch,
+    resume,
 )
-from ckpt.domain.entries import Entry, parse_step, validate_attempt
-from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError, NotFoundError
-from ckpt.domain.frameworks import Framework
-from ckpt.domain.ports import SyncsSaves, WatchStore, WritesSmallFiles
-from ckpt.domain.rules import Rule
-from ckpt.rulebook import as_rule
 
 __all__ = [
+    "DEFAULT_SCAN_TIMEOUT",
     "DEFAULT_SETTLE",
     "CaughtUp",
     "Resumed",
@@ -57,241 +32,3 @@ __all__ = [
     "record_epoch",
     "resume",
 ]
-
-_log = logging.getLogger("ckpt.catchup")
-
-DEFAULT_SETTLE = 10.0  # the sidecar's default interval, hence its default hf settle time
-DEFAULT_SCAN_TIMEOUT = 120.0
-
-
-def is_vanished_save(exc: BaseException, location: str) -> bool:
-    """True when ``exc``, raised publishing the save at ``location``, says that save does not exist.
-
-    A missing save is a ``FileNotFoundError`` of ours: an ``InvalidError`` (the caller's mistake,
-    spec/operations.md) or
-    a ``NotFoundError`` naming the save itself; a ``NotFoundError`` naming the root is an outage instead.
-    """
-    # By the class's MRO: an InvalidError that is also a FileNotFoundError exists where
-    # spec/operations.md's missing-save
-    # error does (SaveNotFoundError), and a type checker that does not know it would call the test impossible.
-    if not isinstance(exc, CkptError) or FileNotFoundError not in type(exc).__mro__:
-        return False
-    if isinstance(exc, InvalidError):
-        return True
-    where = getattr(exc, "location", None)
-    return isinstance(where, str) and where.rstrip("/") == location.rstrip("/")
-
-
-def _exec_parent(store: WatchStore, attempt: str) -> str:
-    return store.exec_dir(attempt).rstrip("/").rpartition("/")[0]
-
-
-def read_epoch_record(store: WatchStore, attempt: str) -> int | None:
-    """The epoch ``exec/<attempt>`` records, or ``None`` without one; ``MalformedError`` if unreadable."""
-    data = store.read_file(store.exec_dir(attempt), EPOCH_RECORD)
-    return None if data is None else parse_epoch_record(data)
-
-
-def _write_record(store: WatchStore, folder: str, data: bytes) -> bool:
-    if isinstance(store, WritesSmallFiles):  # a store that can write small files (the fake can)
-        store.write_file(folder, EPOCH_RECORD, data)
-        return True
-    if folder.startswith("/"):
-        from ckpt.adapters.local_files import write_file_atomically
-
-        if not os.path.isdir(store.root):  # never create a mistyped root by writing the record
-            raise NotFoundError(f"the root {store.root} does not exist", location=store.root)
-
-        write_file_atomically(folder, EPOCH_RECORD, data)
-        return True
-    return False
-
-
-def record_epoch(store: WatchStore, attempt: str, epoch: int) -> int | None:
-    """Record that execution ``attempt`` runs at ``epoch``; return the epoch its folder records afterwards.
-
-    A record holding a lower epoch is kept; a malformed one is replaced. Returns ``None`` when the store
-    cannot hold a record (an S3 root today: catch-up there learns an execution's epoch from its entries).
-    """
-    data = format_epoch_record(epoch)
-    folder = store.exec_dir(attempt)
-    try:
-        existing = read_epoch_record(store, attempt)
-    except MalformedError as exc:
-        _log.warning("replacing a malformed epoch record in %s: %s", folder, exc)
-        existing = None
-    if existing is not None and existing <= epoch:
-        if existing < epoch:
-            _log.warning(
-                "%s already records epoch %d; keeping it (this execution runs at %d)", folder, existing, epoch
-            )
-        return existing
-    if not _write_record(store, folder, data):
-        _log.info("cannot write an epoch record on %s; catch-up will rely on published entries", store.root)
-        return None
-    return epoch
-
-
-@attrs.frozen
-class CaughtUp:
-    """What a catch-up did: the entries it created (ascending) and the execution folders it passed over."""
-
-    published: tuple[Entry, ...]
-    passed: tuple[PassedExecution, ...]
-    plan: CatchUpPlan
-
-
-def _records(store: WatchStore, attempt: str) -> dict[str, int | None]:
-    records: dict[str, int | None] = {}
-    for folder in store.folders(_exec_parent(store, attempt)):
-        try:
-            validate_attempt(folder.name)
-        except InvalidError:
-            continue  # not a folder an execution could have made; no save in it can be published anyway
-        try:
-            records[folder.name] = read_epoch_record(store, folder.name)
-        except MalformedError as exc:
-            _log.warning("%s: %s", folder.location, exc)
-            records[folder.name] = None
-    return records
-
-
-def catch_up(
-    store: WatchStore,
-    framework: Framework | Rule,
-    *,
-    attempt: str,
-    epoch: int,
-    settle: float | None = None,
-    scan_timeout: float | None = DEFAULT_SCAN_TIMEOUT,
-    world_size: int | None = None,
-) -> CaughtUp:
-    """Publish every complete, unpublished save of the execution folders the plan names, at their epochs.
-
-    ``framework`` is a :class:`Framework` or any rule (``ckpt.rulebook.find_rule``: built-in, configured or a
-    plugin's). ``settle`` (default: the rule's settle time for the sidecar's default interval,
-    :data:`DEFAULT_SETTLE`; 10 s for ``hf``, 0 for ``dcp``) is how long a save's listing must stay unchanged
-    before it is published; the whole catch-up waits at most that long after its first scan.
-    Store errors propagate.
-    """
-    validate_attempt(attempt)
-    rule = as_rule(framework, world_size)
-    settle = rule.settle_time(DEFAULT_SETTLE, settle)
-    plan = plan_catch_up(attempt, epoch, _records(store, attempt), store.entries())
-    watchers = [
-        Watcher(
-            store,
-            rule,
-            store.exec_dir(target.attempt),
-            target.epoch,
-            interval=settle or 1.0,
-            settle=settle,
-            scan_timeout=scan_timeout,
-        )
-        for target in plan.targets
-    ]
-    stopped = threading.Event()
-    stopped.set()  # each watcher makes one scan, then drains for at most the settle time
-    published: list[Entry] = []
-    if watchers:
-        with ThreadPoolExecutor(
-            max_workers=min(8, len(watchers)), thread_name_prefix="ckpt-catch-up"
-        ) as pool:
-            runs = [pool.submit(w.watch, stopped) for w in watchers]
-            for run in runs:
-                published += run.result()
-    for passed in plan.passed:
-        _log.info("catch-up passes over %s: %s", store.exec_dir(passed.attempt), passed.reason)
-    for entry in sorted(published):
-        _log.info("caught up: epoch %d step %d %s", entry.epoch, entry.step, store.location(entry))
-    return CaughtUp(tuple(sorted(published)), plan.passed, plan)
-
-
-def catch_up_folders(
-    store: WatchStore,
-    is_complete: Callable[[WatchStore, str], bool],
-    *,
-    folder_prefix: str,
-    attempt: str,
-    epoch: int,
-) -> CaughtUp:
-    """Catch up saves named ``<folder_prefix><step>`` for a framework without a watcher rule.
-
-    The same plan as :func:`catch_up`; a save is published when ``is_complete(store, location)`` says so.
-    There is no settle time, so ``is_complete`` must recognise a save that is whole (a zip's end record, a
-    marker written last by every process), not merely present. A save already published, at any epoch, is
-    left alone.
-    """
-    validate_attempt(attempt)
-    entries = store.entries()
-    plan = plan_catch_up(attempt, epoch, _records(store, attempt), entries)
-    published_locations = {store.location(entry).rstrip("/") for entry in entries}
-    sync_save = store.sync_save if isinstance(store, SyncsSaves) else None
-    created: list[Entry] = []
-    for target in plan.targets:
-        for folder in store.folders(store.exec_dir(target.attempt)):
-            if not folder.name.startswith(folder_prefix):
-                continue
-            try:
-                step = parse_step(folder.name[len(folder_prefix) :])
-            except InvalidError:
-                continue
-            location = folder.location.rstrip("/")
-            if location in published_locations or not is_complete(store, location):
-                continue
-            try:
-                if sync_save is not None:
-                    sync_save(location)
-                created.append(store.publish(target.epoch, step, location))
-            except ExistsError:
-                continue  # published meanwhile
-            except CkptError as exc:
-                if not is_vanished_save(exc, location):
-                    raise
-                _log.warning("save vanished before it could be published: %s", location)
-    for passed in plan.passed:
-        _log.info("catch-up passes over %s: %s", store.exec_dir(passed.attempt), passed.reason)
-    for entry in sorted(created):
-        _log.info("caught up: epoch %d step %d %s", entry.epoch, entry.step, store.location(entry))
-    return CaughtUp(tuple(sorted(created)), plan.passed, plan)
-
-
-@attrs.frozen
-class Resumed:
-    """Where to resume from (``entry``/``location`` are ``None`` on a first run) and how it was found.
-
-    ``skipped`` lists the greater entries the verified resolve passed over, with reasons; ``caught_up`` is
-    the catch-up's outcome (``None`` when it was not run).
-    """
-
-    entry: Entry | None
-    location: str | None
-    skipped: tuple[tuple[Entry, str], ...]
-    caught_up: CaughtUp | None
-
-
-def resume(
-    store: WatchStore,
-    framework: Framework | Rule,
-    *,
-    attempt: str,
-    epoch: int,
-    settle: float | None = None,
-    catch_up_first: bool = True,
-    scan_timeout: float | None = DEFAULT_SCAN_TIMEOUT,
-    world_size: int | None = None,
-) -> Resumed:
-    """Record this execution's epoch, catch up earlier executions, and resolve (verified).
-
-    ``catch_up_first=False`` skips the catch-up (and the record) and is a plain verified resolve.
-    """
-    rule = as_rule(framework, world_size)
-    caught: CaughtUp | None = None
-    if catch_up_first:
-        record_epoch(store, attempt, epoch)
-        caught = catch_up(
-            store, rule, attempt=attempt, epoch=epoch, settle=settle, scan_timeout=scan_timeout
-        )
-    verified = resolve_verified(store, rule)
-    location = None if verified.entry is None else store.location(verified.entry)
-    return Resumed(verified.entry, location, verified.skipped, caught)

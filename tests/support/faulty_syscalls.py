@@ -28,7 +28,7 @@ __all__ = ["OPERATIONS", "Call", "FaultySyscalls"]
 # Every operation that can be failed: the Syscalls methods, and "readdir", reading a listing's entries
 # (counted once per listing, when its first entry is asked for).
 OPERATIONS = frozenset(
-    {"open", "close", "fsync", "read", "write", "mkdir", "unlink", "rmdir", "scandir", "readdir"}
+    {"open", "close", "fsync", "read", "write", "mkdir", "rename", "unlink", "rmdir", "scandir", "readdir"}
     | {"stat", "lstat", "fstat"}
 )
 
@@ -140,12 +140,19 @@ class FaultySyscalls(Syscalls):
         self._leave(fault, fd)
         return written
 
-    def mkdir(self, path: str, mode: int = 0o777) -> None:
+    def mkdir(self, path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
         """``os.mkdir``, recorded."""
-        target = self._label(path)
+        target = self._label(path, dir_fd)
         fault = self._enter("mkdir", target, path)
-        os.mkdir(path, mode)
+        os.mkdir(path, mode, dir_fd=dir_fd)
         self._leave(fault, path)
+
+    def rename(self, src: str, dst: str, *, dir_fd: int | None = None) -> None:
+        """``os.rename`` within one folder, recorded (the target is the new name)."""
+        target = self._label(dst, dir_fd)
+        fault = self._enter("rename", target, dst)
+        os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        self._leave(fault, dst)
 
     def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
         """``os.unlink``, recorded."""

@@ -278,6 +278,12 @@ class CheckpointStore:
         validate_file_name(name)
         return save
 
+    def small_file_of(self, location: str, name: str, data: bytes) -> tuple[str, str, bytes]:
+        """Return ``(save path, name, data)`` for a small file a store writes (``WritesSmallFiles``), once
+        ``location`` is known to lie under the root, ``name`` to be a clean relative path, ``data`` bytes."""
+        require_instance(data, bytes, "data")
+        return self._file_of(location, name), name, data
+
     def read_file(self, save_location: str, name: str) -> bytes | None:
         """Return the content of the regular file ``name`` inside the save, or ``None`` when there is none."""
         return self._tree.read_file(self._file_of(save_location, name), name, MAX_READ_BYTES)

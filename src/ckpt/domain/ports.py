@@ -328,13 +328,20 @@ class SaveTree(Protocol):
 
 @runtime_checkable
 class WritesSmallFiles(Protocol):
-    """Optional capability of a store: write one small file next to the saves (the fake's ``write_file``).
+    """Optional capability of a store: write one small file next to the saves.
 
-    Catch-up uses it for an execution's epoch record (docs/adr/0011-catch-up-on-resume.md).
+    Catch-up uses it for an execution's epoch record (docs/adr/0011-catch-up-on-resume.md). The POSIX
+    store, the S3 store and the in-memory fake have it.
     """
 
     def write_file(self, location: str, name: str, data: bytes) -> None:
-        """Write ``name`` inside the folder at ``location`` (creating folders), replacing any old content."""
+        """Write ``name`` inside the folder at ``location`` (creating folders), replacing any old content.
+
+        A reader sees the old content or the new, never a mix, and the file is durable when this returns
+        (POSIX: a fsynced temporary file renamed into place; S3: one ``PutObject``). ``location`` must lie
+        under the root and ``name`` be a clean path, else ``InvalidError``; a missing root is
+        ``NotFoundError`` (it is never created); other failures are ``StorageError``.
+        """
         ...
 
 

@@ -22,8 +22,10 @@ Rules (from Accelerate's source, docs/integrations/accelerate.md):
    steps, and its ``total_limit`` deletes *before* saving, so neither is used.
 3. Resuming first publishes, under their own epochs, the whole saves earlier executions never published:
    there is no watcher rule for Accelerate, so "whole" is every process's ``random_states_<i>.pkl`` (the
-   last file each writes) present and ending with the pickle STOP opcode, for the current number of
-   processes. Then the newest published save whose ``random_states_0.pkl`` is still there.
+   last file each writes, with ``torch.save``) present and whole, for the current number of processes:
+   ending with its zip end-of-central-directory record (``torch.save``'s format since torch 1.6), or, for
+   a file written as a plain pickle, with the pickle STOP opcode. Then the newest published save whose
+   ``random_states_0.pkl`` is still there.
 """
 
 from __future__ import annotations
@@ -39,6 +41,23 @@ __all__ = ["CkptAccelerate"]
 
 _FOLDER_PREFIX = "step-"
 _ALWAYS_WRITTEN = "random_states_0.pkl"  # the main process's RNG state: in every save_state
+_ZIP_END_RECORD = b"PK\x05\x06"
+_ZIP_END_SIZE = 22  # the end record without its comment
+
+
+def _whole_torch_file(data: bytes) -> bool:
+    """Whether ``data`` is a whole ``torch.save`` file (rule 3).
+
+    The zip format ends with the end-of-central-directory record: its signature, then 16 bytes, then the
+    comment length and the comment, so the last signature must sit exactly that far from the end. A plain
+    pickle (protocol 2 or later) ends with STOP.
+    """
+    at = data.rfind(_ZIP_END_RECORD, max(0, len(data) - _ZIP_END_SIZE - 0xFFFF))
+    if at >= 0 and len(data) - at >= _ZIP_END_SIZE:
+        comment = int.from_bytes(data[at + 20 : at + 22], "little")
+        if at + _ZIP_END_SIZE + comment == len(data):
+            return True
+    return data.startswith(b"\x80") and data.endswith(b".")
 
 
 class CkptAccelerate:
@@ -82,10 +101,10 @@ class CkptAccelerate:
 
     def is_whole_save(self, store: WatchStore, location: str) -> bool:
         """Whether a ``step-<step>`` save is whole: every process's ``random_states_<i>.pkl``, the last file
-        it writes, is there and ends with the pickle STOP opcode (for the current number of processes)."""
+        it writes, is there and whole (rule 3; for the current number of processes)."""
         for index in range(int(self.accelerator.num_processes)):
             data = store.read_file(location, f"random_states_{index}.pkl")
-            if not data or not data.endswith(b"."):
+            if not data or not _whole_torch_file(data):
                 return False
         return True
 

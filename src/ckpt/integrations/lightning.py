@@ -172,18 +172,20 @@ def is_whole_save(store: WatchStore, location: str) -> bool:
 def _tail(store: WatchStore, location: str) -> bytes | None:
     """The end of ``model.ckpt``, or ``None`` when it is not a file (absent, or a sharded save's folder).
 
-    On POSIX only the last bytes are read, whatever the size; elsewhere the store reads the file, and a
-    file too big for it counts as not whole (a save the catch-up cannot judge stays unpublished).
+    Read through the store's saves reader (``ckpt.inspection.saves_reader``): only the last bytes, whatever
+    the size, on POSIX (``pread``) and S3 (a ranged GET); another store reads the file through its port,
+    and a file too big for that counts as not whole (a save the catch-up cannot judge stays unpublished).
     """
-    if location.startswith("/"):
-        from ckpt.adapters.local_files import read_tail
+    from ckpt.inspection import StoreSaves, saves_reader
 
-        return read_tail(location, CHECKPOINT_FILE, _ZIP_TAIL)
+    reader = saves_reader(store, location)
     try:
-        data = store.read_file(location, CHECKPOINT_FILE)
+        tail = reader.tail(CHECKPOINT_FILE, _ZIP_TAIL)
     except StorageError:
+        if not isinstance(reader, StoreSaves):
+            raise  # the store's own reader failed: an outage, not a verdict on the save
         return b""
-    return None if data is None else data[-_ZIP_TAIL:]
+    return None if tail is None else tail.data
 
 
 def resume_location(*, catch_up: bool = True, **settings: Any) -> str | None:

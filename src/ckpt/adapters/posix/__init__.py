@@ -6,7 +6,8 @@ The modules, one reason to change each:
 * :mod:`~ckpt.adapters.posix.log`: the publication log, ``pub/``;
 * :mod:`~ckpt.adapters.posix.tree`: the saves (kind, folders, marker files, listings, syncs);
 * :mod:`~ckpt.adapters.posix.removal`: descriptor-based removal of a save's folder;
-* :mod:`~ckpt.adapters.posix.journal`: the prune journal files.
+* :mod:`~ckpt.adapters.posix.journal`: the prune journal files;
+* :mod:`~ckpt.adapters.posix.small_files`: one small file beside the saves (an execution's epoch record).
 
 Every flow (publish, resolve, prune, ...) is ``ckpt.application.CheckpointStore``'s; :class:`PosixStore` only
 assembles the ports for a root.
@@ -20,6 +21,7 @@ from contextlib import suppress
 from ckpt.adapters.posix.journal import PosixJournal
 from ckpt.adapters.posix.log import PosixLog
 from ckpt.adapters.posix.pins import PosixPins
+from ckpt.adapters.posix.small_files import write_small_file
 from ckpt.adapters.posix.syscalls import CREATE_FLAGS, PosixRoot, Syscalls
 from ckpt.adapters.posix.tree import PosixTree
 from ckpt.adapters.posix_saves import PosixSaves
@@ -80,6 +82,11 @@ class PosixStore(CheckpointStore):
         if type(self) is PosixStore and type(self._at.sys) is Syscalls:
             return PosixSaves(location, root=self.root)
         return StoreSaves(self, location)
+
+    def write_file(self, location: str, name: str, data: bytes) -> None:
+        """The ``WritesSmallFiles`` capability: write ``name`` inside the folder at ``location``, creating
+        folders, atomically and durably (:mod:`~ckpt.adapters.posix.small_files`)."""
+        write_small_file(self._at, *self.small_file_of(location, name, data))
 
     def probe_exclusive_create(self) -> ExclusiveCreateProbe:
         """Create a probe file twice with ``O_EXCL`` beside ``pub/``; the second create must fail with EEXIST.

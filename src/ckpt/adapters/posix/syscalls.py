@@ -59,9 +59,13 @@ class Syscalls:
         """``os.write``."""
         return os.write(fd, data)
 
-    def mkdir(self, path: str, mode: int = 0o777) -> None:
+    def mkdir(self, path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
         """``os.mkdir``."""
-        os.mkdir(path, mode)
+        os.mkdir(path, mode, dir_fd=dir_fd)
+
+    def rename(self, src: str, dst: str, *, dir_fd: int | None = None) -> None:
+        """``os.rename`` of two names in the same folder (``dir_fd`` for both)."""
+        os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
     def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
         """``os.unlink``."""

@@ -23,6 +23,8 @@ key under ``PREFIX/`` or at the top of the bucket):
    whether a key existed, so every entry asked for is reported removed.
 5. The prune journal is ``<prefix>.ckpt-prune-<16 hex>``, beside ``pub/`` and ``exec/``: written with one
    ``PutObject``, found with one listing, read with ``GetObject`` and dropped with ``DeleteObject``.
+6. A small file beside the saves (an execution's epoch record, ``WritesSmallFiles``) is one ``PutObject``
+   of the whole content: an acknowledged put is durable, and a reader sees the old object or the new one.
 """
 
 from __future__ import annotations
@@ -272,6 +274,11 @@ class S3Store(CheckpointStore):
         at_root = location.rstrip("/") == self.root.rstrip("/")
         prefix = self.prefix if at_root else f"{self.prefix}{self.save_of(location)}/"
         return S3Saves(self._bucket.client, self.bucket, prefix)
+
+    def write_file(self, location: str, name: str, data: bytes) -> None:
+        """The ``WritesSmallFiles`` capability: one ``PutObject`` of ``<save>/<name>`` (rule 6)."""
+        save, name, data = self.small_file_of(location, name, data)
+        self._bucket.put(f"{self._bucket.key(save)}/{name}", data, action="write")
 
     def probe_exclusive_create(self, writers: int = DEFAULT_WRITERS) -> ExclusiveCreateProbe:
         """Check that ``writers`` concurrent ``If-None-Match: *`` creates of one new key make exactly one
