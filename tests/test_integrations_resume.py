@@ -30,6 +30,7 @@ from ckpt.testing import InMemoryStore
 from support.harness import Harness
 from support.integ_kill_writer import BOUNDARIES_PER_SAVE, complete_steps
 from support.rule_layouts import zip_bytes
+from support.silent_endpoint import silent_endpoint, silent_s3_config
 
 STATE = json.dumps({"global_step": 1}).encode()
 HF_FILES = {"model.safetensors": b"m" * 64, "trainer_state.json": STATE}
@@ -343,6 +344,27 @@ class TestResumeCommand:
         assert len(result.stderr.strip().splitlines()) == 1
         assert all(name in result.stderr for name in ("keras", "lightning", "orbax")), result.stderr
         assert not (tmp_path / "exec").exists()
+
+    def test_a_store_that_never_answers_fails_within_the_scan_timeout(self, tmp_path: Path) -> None:
+        """The epoch record is bounded like every scan: a silent S3 endpoint is exit 1, not a hung start."""
+        env = {
+            "DISPATCH_ATTEMPT": "b",
+            "DISPATCH_EPOCH": "20",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        with silent_endpoint() as (url, held):
+            config = silent_s3_config(tmp_path / "ckpt.toml", url)
+            result = ckpt(
+                "--root", "s3://bucket", "--config", str(config), "resume", "--framework", "hf",
+                "--scan-timeout", "1", env=env,
+            )
+        assert (result.returncode, result.stdout) == (1, ""), result.stderr
+        assert "recording the epoch in s3://bucket/exec/b took longer than 1s" in result.stderr
+        assert held
 
     @pytest.mark.parametrize("missing", ["DISPATCH_EPOCH", "DISPATCH_ATTEMPT"])
     def test_missing_epoch_or_attempt_is_a_usage_error(self, tmp_path: Path, missing: str) -> None:

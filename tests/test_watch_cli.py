@@ -6,8 +6,8 @@ import fcntl
 import json
 import os
 import random
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 from ckpt.adapters.posix import PosixStore
+from ckpt.domain.catchup import EPOCH_RECORD
 from ckpt.domain.names import format_entry_name
 from support import module_command, subprocess_env
+from support.silent_endpoint import silent_endpoint, silent_s3_config
 from support.trainer import complete_folders, dcp_plan, hf_plan
 
 CKPT = [sys.executable, "-m", "ckpt"]
@@ -213,6 +215,39 @@ class TestOnce:
         assert [e["save"] for e in json.loads(result.stdout)["published"]] == ["runs/job/step-8"]
 
 
+class TestEpochRecord:
+    """The sidecar records its execution's epoch (spec/layout.md §8), so a later catch-up knows it."""
+
+    def test_watching_an_attempt_records_its_epoch(self, root: Path) -> None:
+        """Before the first scan, even with nothing saved yet: exec/<attempt>/.ckpt-epoch holds the epoch."""
+        result = ckpt(root, "watch", "--framework", "hf", "--once", "--settle", "0")
+        assert result.returncode == 0, result.stderr
+        assert (root / "exec" / ATTEMPT / EPOCH_RECORD).read_bytes() == f"{EPOCH}\n".encode()
+
+    def test_a_lower_record_is_kept(self, root: Path) -> None:
+        """A folder that already records a lower epoch keeps it: that is the safe epoch for its saves."""
+        (root / "exec" / ATTEMPT).mkdir(parents=True)
+        (root / "exec" / ATTEMPT / EPOCH_RECORD).write_bytes(b"3\n")
+        assert ckpt(root, "watch", "--framework", "hf", "--once", "--settle", "0").returncode == 0
+        assert (root / "exec" / ATTEMPT / EPOCH_RECORD).read_bytes() == b"3\n"
+
+    def test_saves_folder_records_nothing(self, root: Path) -> None:
+        """--saves names no execution: nothing is recorded anywhere."""
+        (root / "runs").mkdir()
+        assert ckpt(root, "watch", "--framework", "dcp", "--once", "--saves", "runs").returncode == 0
+        assert sorted(p.name for p in root.rglob("*")) == ["runs"]
+
+    def test_a_record_that_cannot_be_written_is_a_warning(self, root: Path) -> None:
+        """exec/<attempt> is a file: one warning naming the folder, and the sidecar still runs (exit 0)."""
+        (root / "exec").mkdir()
+        (root / "exec" / ATTEMPT).write_bytes(b"not a folder")
+        result = ckpt(root, "watch", "--framework", "hf", "--once", "--settle", "0")
+        assert result.returncode == 0, result.stderr
+        warnings = [line for line in result.stderr.splitlines() if " warning cannot record epoch " in line]
+        assert len(warnings) == 1, result.stderr
+        assert f"exec/{ATTEMPT}" in warnings[0]
+
+
 class TestArguments:
     @pytest.mark.parametrize(
         ("args", "message"),
@@ -303,7 +338,7 @@ class TestFailures:
         """When the root disappears while watching, the scan fails and the watch exits 1."""
         watching = spawn("watch", "--framework", "dcp", "--interval", "0.05")
         watching.wait_started()
-        os.rmdir(root)
+        shutil.rmtree(root)  # it holds the execution's epoch record by now
         code, _ = watching.finish()
         assert code == 1
         assert watching.lines[-1].startswith("ckpt: ")
@@ -311,25 +346,6 @@ class TestFailures:
 
     def test_store_that_never_answers_exits_1_in_time(self, tmp_path: Path) -> None:
         """An S3 endpoint that accepts and never answers ends the watch with exit 1 in time."""
-        listener = socket.create_server(("127.0.0.1", 0))
-        held: list[socket.socket] = []
-        closing = threading.Event()
-        listener.settimeout(0.05)
-
-        def accept() -> None:
-            while not closing.is_set():
-                try:
-                    held.append(listener.accept()[0])
-                except TimeoutError:
-                    continue
-
-        acceptor = threading.Thread(target=accept, daemon=True)
-        acceptor.start()
-        config = tmp_path / "ckpt.toml"
-        config.write_text(
-            f'[s3]\nendpoint_url = "http://127.0.0.1:{listener.getsockname()[1]}"\nregion = "us-east-1"\n'
-            'addressing_style = "path"\nread_timeout = 60\nmax_attempts = 3\n'
-        )
         env = environment(
             AWS_ACCESS_KEY_ID="testing",
             AWS_SECRET_ACCESS_KEY="testing",
@@ -337,8 +353,9 @@ class TestFailures:
             AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
             AWS_EC2_METADATA_DISABLED="true",
         )
-        started = time.monotonic()
-        try:
+        with silent_endpoint() as (url, held):
+            config = silent_s3_config(tmp_path / "ckpt.toml", url)
+            started = time.monotonic()
             result = subprocess.run(
                 [*CKPT, "--root", "s3://bucket", "--config", str(config), *WATCH_DCP, "--scan-timeout", "1"],
                 capture_output=True,
@@ -347,12 +364,6 @@ class TestFailures:
                 timeout=60,
                 check=False,
             )
-        finally:
-            closing.set()
-            acceptor.join(5)
-            listener.close()
-            for conn in held:
-                conn.close()
         elapsed = time.monotonic() - started
         assert result.returncode == 1, result.stderr
         assert "took longer than 1s" in result.stderr

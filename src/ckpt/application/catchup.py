@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 
+from ckpt.application.bounded import call_within
 from ckpt.application.verify import resolve_verified
 from ckpt.application.watcher import Watcher
 from ckpt.domain.catchup import (
@@ -279,12 +280,18 @@ def resume(
 ) -> Resumed:
     """Record this execution's epoch, catch up earlier executions, and resolve (verified).
 
-    ``catch_up_first=False`` skips the catch-up (and the record) and is a plain verified resolve.
+    ``catch_up_first=False`` skips the catch-up (and the record) and is a plain verified resolve. The record,
+    like every scan of the catch-up, is bounded by ``scan_timeout`` (``ScanTimeoutError``).
     """
     rule = as_rule(framework, world_size)
     caught: CaughtUp | None = None
     if catch_up_first:
-        record_epoch(store, attempt, epoch)
+        call_within(
+            lambda: record_epoch(store, attempt, epoch),
+            scan_timeout,
+            what=f"recording the epoch in {store.exec_dir(attempt)}",
+            thread_name="ckpt-epoch-record",
+        )
         caught = catch_up(
             store, rule, attempt=attempt, epoch=epoch, settle=settle, scan_timeout=scan_timeout
         )

@@ -30,6 +30,10 @@ Rules:
    runs (``ckpt.adapters.prometheus``); the URL is logged before the first scan. ``--metrics-address``
    without ``--metrics-port`` is an ``InvalidError``; so is a missing ``prometheus_client`` (the
    ``metrics`` extra); an address that cannot be bound fails the command (exit 1).
+8. Watching ``exec_dir`` of an attempt (not ``--saves``), the sidecar first records the execution's epoch in
+   ``exec/<attempt>/.ckpt-epoch`` (spec/layout.md §8), so that a catch-up at the next start knows the epoch
+   of an execution that died before it published anything, within the scan timeout. A record that cannot
+   be written is a warning: publishing is the sidecar's job, the record only helps the catch-up.
 """
 
 from __future__ import annotations
@@ -166,10 +170,35 @@ def saves_location(store: WatchStore, args: argparse.Namespace, environ: Mapping
             raise InvalidError(f"--saves {shown!r} is not under the root {store.root}")
         validate_save(saves[len(prefix) :].rstrip("/"))
         return saves.rstrip("/")
-    attempt = args.attempt if getattr(args, "attempt", None) is not None else environ.get("DISPATCH_ATTEMPT")
+    attempt = _attempt(args, environ)
     if attempt is None:
         raise InvalidError("nothing to watch: pass --attempt or --saves, or set DISPATCH_ATTEMPT")
     return store.exec_dir(attempt)
+
+
+def _attempt(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The attempt whose ``exec_dir`` is watched, or ``None`` with ``--saves`` or without one."""
+    if getattr(args, "saves", None):
+        return None
+    return args.attempt if getattr(args, "attempt", None) is not None else environ.get("DISPATCH_ATTEMPT")
+
+
+def _record_epoch(store: WatchStore, attempt: str, epoch: int, timeout: float) -> None:
+    """Rule 8: record this execution's epoch, within the scan timeout; a failure is a warning, never the end
+    of the sidecar (a store that stopped answering ends it at the first scan instead, rule 4)."""
+    from ckpt.application.bounded import call_within
+    from ckpt.application.catchup import record_epoch
+    from ckpt.domain.errors import CkptError
+
+    try:
+        call_within(
+            lambda: record_epoch(store, attempt, epoch),
+            timeout,
+            what=f"recording the epoch in {store.exec_dir(attempt)}",
+            thread_name="ckpt-epoch-record",
+        )
+    except CkptError as exc:
+        _log.warning("cannot record epoch %d in %s: %s", epoch, store.exec_dir(attempt), exc)
 
 
 def _epoch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -285,6 +314,9 @@ def run(
     world_size = _world_size(args, env)
     framework = find_rule(args.framework, world_size=world_size, configured=configured)
     endpoint = _metrics_endpoint(args)
+    attempt = _attempt(args, env)
+    if attempt is not None:
+        _record_epoch(store, attempt, epoch, scan_timeout)
 
     def published(entry: Entry) -> None:
         # The entry's fields go in as structured fields: the text format prints them as key=value, the
