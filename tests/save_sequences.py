@@ -17,20 +17,10 @@ from pathlib import Path
 import attrs
 
 from rule_layouts import zip_bytes
+from support.trainer.plan import Op  # the trainer's steps: here a ``write`` shows as empty, half, then whole
 
 ZIP = zip_bytes(300)
 SHARD = bytes(range(256)) * 2
-
-
-@attrs.frozen
-class Op:
-    """One step of a save: ``write`` (grows through empty and half), ``put`` (appears whole, e.g. after a
-    rename from a tmp file), ``rename`` (a folder or file, ``path`` -> ``to``), ``remove``."""
-
-    action: str
-    path: str
-    data: bytes = b""
-    to: str = ""
 
 
 def write(path: str, data: bytes) -> Op:
