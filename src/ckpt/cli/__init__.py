@@ -61,7 +61,37 @@ class _ShowVersion(argparse.Action):
         raise _VersionRequested
 
 
+def _terminal_columns() -> int:
+    """The width ``shutil.get_terminal_size()`` gives (``COLUMNS``, else the terminal, else 80), found without
+    importing shutil and the compression modules it brings, which is what argparse would do (rule 4)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, told the width up front (argparse would import shutil to find it out)."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ):
+        super().__init__(
+            prog, indent_increment, max_help_position, _terminal_columns() - 2 if width is None else width
+        )
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
