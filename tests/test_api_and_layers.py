@@ -86,19 +86,14 @@ DOMAIN_ALLOWED = {
 
 
 # What `ckpt resolve` on a POSIX root must not import: the S3 and Vault clients, the rules and the readers
-# they need, the watcher, the prune planner and the tree removal, the configuration and the other commands,
-# logging and json (only for --json), and shutil with its compression modules (argparse's width look-up).
+# they need, the watcher, the prune planner, the configuration and the other commands, logging and json
+# (only for --json), and shutil with its compression modules (argparse's width look-up).
 NOT_IMPORTED_BY_POSIX_RESOLVE = (
     *("boto3", "botocore", "hvac", "requests", "urllib3", "socket", "ssl", "ipaddress"),
     *("json", "logging", "shutil", "bz2", "lzma", "tomllib", "concurrent.futures"),
     *("ckpt.config", "ckpt.creds", "ckpt.adapters.s3", "ckpt.domain.proxy", "ckpt.rulebook"),
     *("ckpt.domain.rules", "ckpt.domain.frameworks", "ckpt.inspection", "ckpt.adapters.posix_saves"),
-    *(
-        "ckpt.application.watcher",
-        "ckpt.application.verify",
-        "ckpt.domain.prune",
-        "ckpt.adapters.posix.removal",
-    ),
+    *("ckpt.application.watcher", "ckpt.application.verify", "ckpt.domain.prune"),
     *("ckpt.cli.retention", "ckpt.cli.watch", "ckpt.cli.follow", "ckpt.cli.resume", "ckpt.cli.doctor"),
     *("ckpt.cli.output", "ckpt.cli.logs"),
 )
