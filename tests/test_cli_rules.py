@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rule_layouts import zip_bytes
+from support.rule_layouts import zip_bytes
 from test_watch_cli import ATTEMPT, ckpt, environment
 
 PLUGINS = Path(__file__).parent / "plugins"

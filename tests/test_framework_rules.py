@@ -28,7 +28,7 @@ from ckpt.domain.rules import (
 from ckpt.domain.rules.custom import CustomRule
 from ckpt.domain.rules.settle import Look, Settled, settle_verdict
 from ckpt.domain.rules.zipend import TAIL_BYTES
-from rule_layouts import (
+from support.rule_layouts import (
     RULE_FILES,
     VECTORS,
     LayoutReader,

@@ -1,7 +1,8 @@
 """Each framework's save, killed at every file boundary: the rule accepts exactly the complete states.
 
-The sequences (``tests/save_sequences.py``) write a save in the framework's own order, as the reference
-records it from the framework's source; every state a crash or a scan could see is judged by the rule.
+The sequences (``tests/support/trainer/frameworks.py``) write a save in the framework's own order, as the
+reference records it from the framework's source; every state a crash or a scan could see is judged by the
+rule.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from ckpt.domain.rules import builtin_rule
-from rule_layouts import verdict
-from save_sequences import SEQUENCES, Sequence, states
+from support.rule_layouts import verdict
+from support.trainer.frameworks import SEQUENCES, Sequence, states
 
 
 def _judge(seq: Sequence, layout: dict[str, bytes | None]) -> tuple[bool, str | None]:

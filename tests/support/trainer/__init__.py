@@ -11,8 +11,10 @@ or as a process that can be killed and started again (:mod:`support.trainer.__ma
 
     python -m support.trainer folder --framework hf --saves DIR --events FILE --plan endless
 
-The watcher, watch-command, sustained and POSIX/S3 crash suites use it. Saves that only need to exist, whole,
-are arranged with :mod:`support.saves` instead.
+The watcher, watch-command, sustained and POSIX/S3 crash suites use it. The framework saves of
+:mod:`support.trainer.frameworks` (DeepSpeed, Megatron, Lightning, NeMo, Orbax, DCP variants) are written with
+the same steps and played state by state instead, for the rules to judge each state. Saves that only need to
+exist, whole, are arranged with :mod:`support.saves`.
 """
 
 from __future__ import annotations

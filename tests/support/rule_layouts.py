@@ -106,7 +106,7 @@ def verdict(rule: Rule, files: Mapping[str, bytes | None], name: str) -> tuple[b
     return True, rule.judge(gather_view(rule, saves[0], items, reader))
 
 
-VECTORS = Path(__file__).parent / "vectors" / "frameworks"
+VECTORS = Path(__file__).parent.parent / "vectors" / "frameworks"
 RULE_FILES = ("dcp", "lightning", "deepspeed", "megatron", "nemo", "orbax", "custom")
 
 
