@@ -1,6 +1,6 @@
 """Each framework's save, killed at every file boundary: the rule accepts exactly the complete states.
 
-The sequences (``tests/support/save_sequences.py``) write a save in the framework's own order, as the
+The sequences (``tests/support/trainer/frameworks.py``) write a save in the framework's own order, as the
 reference records it from the framework's source; every state a crash or a scan could see is judged by the
 rule.
 """
@@ -11,7 +11,7 @@ import pytest
 
 from ckpt.domain.rules import builtin_rule
 from support.rule_layouts import verdict
-from support.save_sequences import SEQUENCES, Sequence, states
+from support.trainer.frameworks import SEQUENCES, Sequence, states
 
 
 def _judge(seq: Sequence, layout: dict[str, bytes | None]) -> tuple[bool, str | None]:

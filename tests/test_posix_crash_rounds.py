@@ -1,11 +1,11 @@
 """Crash rounds on POSIX: ``ckpt watch`` and a simulated trainer, both killed with SIGKILL at random moments.
 
-A trainer process (``support.trainer resumable``) writes tiny saves file by file into one execution's
-folder; a ``ckpt watch`` process publishes them. Round after round, at a random moment (mostly while the
-watcher scans and publishes, sometimes while it starts), the watcher, the trainer or both are killed with
-SIGKILL, and whatever was killed is started again: the watcher from scratch, the trainer with the save after
-the one it was killed in, which stays half-written forever (``hf`` 140 rounds, ``dcp`` 60). At the end the
-trainer is killed one last time, and one last watcher runs until it has published the rest and is stopped
+A trainer process (``support.trainer folder --plan endless``) writes tiny saves file by file into one
+execution's folder; a ``ckpt watch`` process publishes them. Round after round, at a random moment (mostly
+while the watcher scans and publishes, sometimes while it starts), the watcher, the trainer or both are killed
+with SIGKILL, and whatever was killed is started again: the watcher from scratch, the trainer with the save
+after the one it was killed in, which stays half-written forever (``hf`` 140 rounds, ``dcp`` 60). At the end
+the trainer is killed one last time, and one last watcher runs until it has published the rest and is stopped
 with SIGTERM, as the end of a job stops it.
 
 Then, judged from the files themselves: every complete save (exactly the files and bytes its kind ends with)
@@ -40,11 +40,11 @@ from ckpt.adapters.posix import PosixStore
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name, parse_entry_name
 from support.saves import read_files
-from support.trainer import folder_of, manifest, step_of
+from support.trainer import manifest, spec_at
 
 TESTS = Path(__file__).parent
 CKPT = [sys.executable, "-m", "ckpt"]
-TRAINER = [sys.executable, "-m", "support.trainer", "resumable"]
+TRAINER = [sys.executable, "-m", "support.trainer", "folder", "--plan", "endless"]
 ATTEMPT = "2.4102.0"
 EPOCH = 2_000_000
 ROUNDS = {"hf": 140, "dcp": 60}
@@ -127,7 +127,7 @@ class PublicationObserver(threading.Thread):
             entry = parse_entry_name(name)
             index = entry.step // 10 - 1
             files = read_files(self.root / entry.save)
-            complete = entry.step % 10 == 0 and files == manifest(self.framework, index)
+            complete = entry.step % 10 == 0 and files == manifest(spec_at(self.framework, index))
             self.seen[name] = complete
             if not complete:
                 self.early.append(f"{entry.save} published while it held {sorted(files)}")
@@ -154,8 +154,8 @@ def read_events(path: Path) -> Events:
             events.started[document["index"]] = document["started"]
         elif "completing_at" in document:
             events.completing[document["index"]] = document["completing_at"]
-        elif "complete_at" in document:
-            events.complete[document["index"]] = document["complete_at"]
+        elif document.get("complete"):
+            events.complete[document["index"]] = document["written"]
     return events
 
 
@@ -311,11 +311,10 @@ class TestCrashRounds:
             complete = {
                 i
                 for i in events.started
-                if read_files(saves / folder_of(framework, i)) == manifest(framework, i)
+                if read_files(saves / spec_at(framework, i).folder) == manifest(spec_at(framework, i))
             }
-            expected = sorted(
-                Entry(EPOCH, step_of(i), f"exec/{ATTEMPT}/{folder_of(framework, i)}") for i in complete
-            )
+            specs = [spec_at(framework, i) for i in complete]
+            expected = sorted(Entry(EPOCH, s.step, f"exec/{ATTEMPT}/{s.folder}") for s in specs)
             # One last watcher, left to run until it has published what it will, then stopped as a job's end
             # stops it (SIGTERM). Exactly once means it publishes the rest and nothing else. (Not ``watch
             # --once``: its drain can end before a candidate listed late in a slow scan has had its second

@@ -1,7 +1,7 @@
 """Crash rounds on S3: ``ckpt watch`` and a simulated trainer killed with SIGKILL at random moments.
 
-A trainer (``support.trainer s3``) writes saves into a bucket on moto's server object by object, every kind
-of hf or dcp save, complete ones and ones that never complete. Meanwhile, round after round, a ``ckpt
+A trainer (``support.trainer bucket``) writes saves into a bucket on moto's server object by object, every
+kind of hf or dcp save, complete ones and ones that never complete. Meanwhile, round after round, a ``ckpt
 watch`` process is started on the same execution (``--root s3://BUCKET --config FILE``, its ``[s3]`` table
 pointing at moto, its ``[proxy]`` table at a recording proxy, keys from the ``env`` credential source) and
 killed with SIGKILL after a random time: while starting, while learning the published entries, between
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).parent
 CKPT = [sys.executable, "-m", "ckpt"]
-TRAINER = [sys.executable, "-m", "support.trainer", "s3"]
+TRAINER = [sys.executable, "-m", "support.trainer", "bucket"]
 # One label, which only the proxy resolves (moto's server reads a dotted host's first label as a bucket).
 PROXIED_HOST = "s3-only-via-proxy"
 ATTEMPT = "2.4102.0"

@@ -16,7 +16,7 @@ from ckpt.domain.rules import TAIL_BYTES, Item, Kind, Tail
 from ckpt.inspection import gather_view
 from support.rule_layouts import LayoutReader, content, vector_cases, vector_rule, zip_bytes
 from support.s3 import new_bucket_name, raw_client
-from support.save_sequences import apply_to_folder
+from support.trainer.frameworks import apply_to_folder
 
 
 @pytest.fixture

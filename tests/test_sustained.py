@@ -25,7 +25,7 @@ import pytest
 
 from ckpt.adapters.posix import PosixStore
 from ckpt.domain.entries import Entry
-from support.trainer import SaveSpec, SimulatedTrainer
+from support.trainer import FolderSink, SaveSpec, Trainer
 
 DURATION = float(os.environ.get("CKPT_SUSTAINED_SECONDS", "180"))
 EXECUTIONS = [("1.100.0", 1_000), ("1.100.1", 1_000), ("2.200.0", 2_000), ("2.200.1", 2_000)]
@@ -43,17 +43,17 @@ class _Trainer(threading.Thread):
         super().__init__(daemon=True)
         self.completed: list[str] = []
         self._stop_event = stop
-        self._trainer = SimulatedTrainer(
-            "hf", saves_dir, pace=0.002, on_complete=self.completed.append, chunk=2048
+        self._trainer = Trainer(
+            FolderSink(saves_dir), pace=0.002, on_complete=self.completed.append, chunk=2048
         )
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            step = 0
+            index = 0
             while not self._stop_event.is_set():
-                step += 10
-                self._trainer.write(SaveSpec(KINDS[(step // 10) % len(KINDS)], step))
+                index += 1
+                self._trainer.write(index, SaveSpec("hf", KINDS[index % len(KINDS)], 10 * index))
                 time.sleep(0.05)
         except BaseException as exc:  # reported by the test
             self.error = exc

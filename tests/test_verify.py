@@ -15,7 +15,7 @@ from ckpt.domain.entries import Entry
 from ckpt.domain.errors import MalformedError
 from ckpt.domain.frameworks import Framework
 from support.harness import Harness
-from support.trainer import rng_state_bytes
+from support.saves import rng_state_bytes
 
 HF, DCP = Framework.HF, Framework.DCP
 EXEC = "exec/1.4101.0"

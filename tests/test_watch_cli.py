@@ -23,10 +23,10 @@ from ckpt.domain.catchup import EPOCH_RECORD
 from ckpt.domain.names import format_entry_name
 from support import module_command, subprocess_env
 from support.silent_endpoint import silent_endpoint, silent_s3_config
-from support.trainer import complete_folders, dcp_plan, hf_plan
+from support.trainer import complete_folders, mixed_plan
 
 CKPT = [sys.executable, "-m", "ckpt"]
-TRAINER = module_command("support.trainer", "posix")
+TRAINER = module_command("support.trainer", "folder")
 ATTEMPT = "2.4102.0"
 EPOCH = "2000000"
 STATE = b'{"global_step": 5}'
@@ -438,13 +438,14 @@ class TestSignals:
 
 
 def read_events(path: Path) -> dict[str, Any]:
+    """The trainer's events: each complete save's folder with the time it was written, and ``finished``."""
     events: dict[str, Any] = {}
     for line in path.read_text().splitlines():
         document = json.loads(line)
-        if "save" in document:
-            events[document["save"]] = document.get("complete_at")
-        else:
-            events.update(document)
+        if document.get("complete"):
+            events[document["save"]] = document["written"]
+        elif document.get("finished"):
+            events["finished"] = True
     return events
 
 
@@ -488,8 +489,8 @@ def trainer_run(root: Path, tmp_path: Path) -> Iterator[Any]:
 
 class TestKillAndRestart:
     # The trainer's pace (seconds between writes) is far below the settle time, as a real trainer's pauses
-    # are; the hf window between a valid trainer_state.json and the last byte is ~8 paces, long enough for
-    # a watcher without settle to be caught publishing early.
+    # are; in a late_rank save the window between a valid trainer_state.json and the last byte is ~18 paces
+    # (its longest quiet stretch 5), long enough for a watcher without settle to be caught publishing early.
     @pytest.mark.parametrize(
         ("framework", "rounds", "trainer_rounds", "pace", "gap", "settle"),
         [("hf", 30, 2, 0.02, 0.1, "0.25"), ("dcp", 15, 2, 0.01, 0.2, "0")],
@@ -533,18 +534,18 @@ class TestKillAndRestart:
         final = ckpt(root, "--json", "watch", *args, "--once")
         assert final.returncode == 0, final.stderr
 
-        plan = hf_plan(trainer_rounds) if framework == "hf" else dcp_plan(trainer_rounds)
+        plan = mixed_plan(framework, trainer_rounds)
         store = PosixStore(str(root))
         entries = store.entries()
         folders = [e.save.rsplit("/", 1)[1] for e in entries]
-        assert sorted(folders) == sorted(complete_folders(framework, plan))
+        assert sorted(folders) == sorted(complete_folders(plan))
         assert len(folders) == len(set(folders))
         assert {e.epoch for e in entries} == {int(EPOCH)}
         assert all(e.step == int(f.rsplit("-", 1)[1]) for e, f in zip(entries, folders, strict=True))
         assert published_while_killing > 0, "no round got as far as publishing; the test proves nothing"
 
         events = read_events(events_path)
-        assert events.get("done") is True
+        assert events.get("finished") is True
         for entry, folder in zip(entries, folders, strict=True):
             completed_at = events[folder]
             published_at = os.stat(root / "pub" / format_entry_name(entry)).st_mtime

@@ -30,7 +30,8 @@ from ckpt.domain.ports import FileInfo, Folder, PruneResult, WatchStore
 from ckpt.testing import InMemoryStore
 from support.harness import Harness
 from support.s3 import FAKE_ENV, RequestLog, S3Harness, http_settings, isolate_from_aws_environment
-from support.trainer import SimulatedTrainer, complete_folders, dcp_plan, hf_plan, rng_state_bytes
+from support.saves import rng_state_bytes
+from support.trainer import FolderSink, Trainer, complete_folders, mixed_plan
 
 HF, DCP = Framework.HF, Framework.DCP
 ATTEMPT = "1.4101.0"
@@ -709,17 +710,17 @@ class TestWithSimulatedTrainer:
             at_publication.setdefault(os.path.basename(location), []).append(listing(location))
 
         store.before_publish = snapshot
-        plan = hf_plan(1) if framework is HF else dcp_plan(2)
+        plan = mixed_plan(name, 1 if framework is HF else 2)
         settle = 0.15 if framework is HF else 0
         stop = threading.Event()
         thread, outcome = run_watch(watcher(store, framework, interval=0.01, settle=settle), stop)
-        SimulatedTrainer(name, str(saves), pace=0.003).run(plan)
+        Trainer(FolderSink(saves), pace=0.003).run(plan)
         stop.set()
         thread.join(10)
         assert "error" not in outcome
 
         published = sorted(os.path.basename(store.location(e)) for e in store.inner.entries())
-        assert published == sorted(complete_folders(name, plan))
+        assert published == sorted(complete_folders(plan))
         assert sorted(at_publication) == published
         for folder, looks in at_publication.items():
             assert looks == [listing(str(saves / folder))], f"{folder} published before it was final"

@@ -1,6 +1,6 @@
 """The watcher and verified resolve with every rule: killed saves, exactly once, the wrong-framework hint.
 
-The saves are the framework sequences of ``tests/support/save_sequences.py`` played onto a real POSIX root
+The saves are the framework sequences of ``tests/support/trainer/frameworks.py`` played onto a real POSIX root
 (and one onto S3 over HTTP); watchers scan between every two file boundaries, restarted or not.
 """
 
@@ -20,7 +20,7 @@ from ckpt.domain.rules import BUILTIN, parse_custom_rules
 from ckpt.rulebook import find_rule
 from support.rule_layouts import zip_bytes
 from support.s3 import RequestLog, new_bucket_name, raw_client
-from support.save_sequences import SEQUENCES, Sequence, apply_to_folder, states
+from support.trainer.frameworks import SEQUENCES, Sequence, apply_to_folder, states
 
 ATTEMPT = "1.4101.0"
 EPOCH = 7

@@ -30,7 +30,6 @@ from ckpt.domain.errors import (
 )
 from ckpt.domain.names import format_entry_name, parse_entry_name
 from ckpt.domain.ports import FileInfo, Folder, PruneResult, SaveReader, SkippedFolder, Store, WatchStore
-from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
 from ckpt.store import open_store
 
 if TYPE_CHECKING:
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from ckpt.domain.follow import Followed
     from ckpt.domain.frameworks import Framework, parse_framework
     from ckpt.domain.proxy import ProxyRule
+    from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
     from ckpt.domain.retention import KeepReason, Kept, RetentionPlan, plan_retention
     from ckpt.integrations.core import resume_location
 
@@ -95,9 +95,12 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-# Loaded on first use: a POSIX-only command should not pay at start-up for the proxy rule (ipaddress) or the
-# watcher (threading, json).
+# Loaded on first use: a POSIX-only command should not pay at start-up for the proxy rule (ipaddress), the
+# watcher (threading, json) or the prune planner.
 _LAZY = {
+    "PrunePlan": "ckpt.domain.prune",
+    "overlaps": "ckpt.domain.prune",
+    "plan_prune": "ckpt.domain.prune",
     "ProxyRule": "ckpt.domain.proxy",
     "Framework": "ckpt.domain.frameworks",
     "parse_framework": "ckpt.domain.frameworks",

@@ -1,6 +1,6 @@
 """Code the POSIX race tests run in child processes: publishers and a pruner.
 
-The POSIX crash rounds' trainer is ``support.trainer``'s ``resumable`` one.
+The POSIX crash rounds' trainer is ``support.trainer`` (``folder --plan endless``).
 
 Run from ``tests/`` as ``python -m support.posix_workers COMMAND ...`` (the tests do so with ``cwd``):
 

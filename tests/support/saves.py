@@ -1,6 +1,6 @@
 """Saves as the tests arrange them: one ``make_save`` for a folder, one ``put_save`` for objects.
 
-A save arranged here appears whole, beside the store under test. The trainers (``support.trainer``) are for
+A save arranged here appears whole, beside the store under test. The trainer (``support.trainer``) is for
 saves that must be seen while they are being written.
 """
 

@@ -52,7 +52,6 @@ from ckpt.domain.ports import (
     SkippedFolder,
     SyncsSaves,
 )
-from ckpt.domain.prune import leftover_folders, recheck_folders
 from ckpt.domain.saves import MAX_READ_BYTES, check_save_kind, validate_file_name
 
 if TYPE_CHECKING:
@@ -196,7 +195,7 @@ class CheckpointStore:
         after the removals, and an entry pinned meanwhile is put back (``ckpt.application.pins`` rule 2).
         """
         from ckpt.application.pins import pinned_entries
-        from ckpt.domain.prune import Overlap
+        from ckpt.domain.prune import Overlap, leftover_folders, recheck_folders
         from ckpt.domain.retention import SKIP_PINNED, plan_retention
 
         require_int(keep, "keep")

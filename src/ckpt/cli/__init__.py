@@ -21,15 +21,14 @@ import io
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from ckpt.domain.entries import MAX_U64
-from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError, NotFoundError
+from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
 
 if TYPE_CHECKING:
     from ckpt.config import Config
-    from ckpt.domain.entries import Entry
     from ckpt.domain.ports import WatchStore
 
 __all__ = ["Context", "main"]
@@ -62,7 +61,37 @@ class _ShowVersion(argparse.Action):
         raise _VersionRequested
 
 
+def _terminal_columns() -> int:
+    """The width ``shutil.get_terminal_size()`` gives (``COLUMNS``, else the terminal, else 80), found without
+    importing shutil and the compression modules it brings, which is what argparse would do (rule 4)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, told the width up front (argparse would import shutil to find it out)."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ):
+        super().__init__(
+            prog, indent_increment, max_help_position, _terminal_columns() - 2 if width is None else width
+        )
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
@@ -153,195 +182,19 @@ def whole_number(text: str, option: str, *, minimum: int = 0) -> int:
     raise InvalidError(f"{option} {shown!r} must be a whole number from {minimum} to {MAX_U64}")
 
 
-def _epoch_arg(ctx: Context) -> int:
-    from ckpt.domain.entries import parse_epoch
-
-    text = ctx.args.epoch if ctx.args.epoch is not None else ctx.environ.get("DISPATCH_EPOCH")
-    if text is None:
-        raise UsageError("no epoch: pass --epoch or set DISPATCH_EPOCH")
-    return parse_epoch(text)
-
-
-def _attempt_arg(ctx: Context) -> str:
-    attempt = ctx.args.attempt if ctx.args.attempt is not None else ctx.environ.get("DISPATCH_ATTEMPT")
-    if attempt is None:
-        raise UsageError("no attempt: pass --attempt or set DISPATCH_ATTEMPT")
-    return str(attempt)
-
-
 # -- commands ----------------------------------------------------------------------------------------------
 
 
-def _cmd_resolve(ctx: Context) -> int:
-    store = ctx.store()
-    skipped: list[dict[str, Any]] = []
-    if ctx.args.framework:
-        from ckpt.application.verify import resolve_verified
-        from ckpt.cli.output import entry_document
-        from ckpt.domain.frameworks import parse_world_size
-        from ckpt.rulebook import find_rule
+def _later(module: str, name: str) -> Callable[[Context], int]:
+    """The command ``name`` of ``ckpt.cli.<module>``, imported only when it runs (rule 4): the publication
+    commands (``resolve``, ``entries``, ``publish``, ``exec-dir``) and the retention ones (``prune``, ``pin``,
+    ``unpin``)."""
 
-        # The world size of the run that *wrote* the saves: given explicitly, never taken from WORLD_SIZE,
-        # which describes the resuming run (docs/adr/0008-watcher.md).
-        world_size = None if ctx.args.world_size is None else parse_world_size(ctx.args.world_size)
-        rule = find_rule(ctx.args.framework, world_size=world_size, configured=ctx.config().frameworks)
-        verified = resolve_verified(store, rule)
-        for passed, reason in verified.skipped:
-            ctx.warn(f"skipped {store.location(passed)}: {reason}")
-            skipped.append({"entry": entry_document(store, passed), "reason": reason})
-        entry = verified.entry
-    else:
-        if ctx.args.world_size is not None:
-            raise UsageError("--world-size applies to a verified resolve: pass --framework hf as well")
-        entry = store.resolve()
-    if entry is None:
-        what = f"no complete {ctx.args.framework} save" if ctx.args.framework else "nothing"
-        ctx.warn(f"{what} is published under {store.root!r}")
-        return EXIT_NOTHING
-    if ctx.json:
-        from ckpt.cli.output import entry_document, print_json  # json: only when asked for
+    def handler(ctx: Context) -> int:
+        command: Callable[[Context], int] = getattr(__import__(f"ckpt.cli.{module}", fromlist=[name]), name)
+        return command(ctx)
 
-        document = entry_document(store, entry)
-        if ctx.args.framework:
-            document["skipped"] = skipped
-        print_json(document, ctx.stdout)
-    else:
-        ctx.say(store.location(entry))
-    return EXIT_OK
-
-
-def _cmd_entries(ctx: Context) -> int:
-    from ckpt.cli.output import entry_document, entry_line, print_json
-
-    store = ctx.store()
-    entries = store.entries()
-    pinned = set(store.pinned())
-    if ctx.json:
-        print_json([{**entry_document(store, e), "pinned": e in pinned} for e in entries], ctx.stdout)
-    else:
-        lines = (entry_line(store, e) + (" (pinned)" if e in pinned else "") + "\n" for e in entries)
-        ctx.stdout.write("".join(lines))
-    return EXIT_OK
-
-
-def _cmd_publish(ctx: Context) -> int:
-    from ckpt.cli.output import entry_document, print_json
-    from ckpt.domain.entries import parse_step
-
-    epoch = _epoch_arg(ctx)
-    step = parse_step(ctx.args.step)
-    store = ctx.store()
-    entry = store.publish(epoch, step, ctx.save_location(ctx.args.save))
-    if ctx.json:
-        print_json(entry_document(store, entry), ctx.stdout)
-    else:
-        ctx.say(f"published epoch {entry.epoch} step {entry.step}: {store.location(entry)}")
-    return EXIT_OK
-
-
-def _cmd_prune(ctx: Context) -> int:
-    from ckpt.cli.output import kept_reasons, print_json, prune_document
-
-    keep = whole_number(ctx.args.keep, "--keep", minimum=1)
-    every = ctx.args.keep_every
-    keep_every = None if every is None else whole_number(every, "--keep-every", minimum=1)
-    store = ctx.store()
-    result = store.prune(keep, keep_every=keep_every, dry_run=ctx.args.dry_run)
-    if ctx.json:
-        print_json(prune_document(store, result), ctx.stdout)
-        return EXIT_OK
-    verb = "would remove" if result.dry_run else "removed"
-    for kept in result.kept:
-        entry = kept.entry
-        why = kept_reasons(kept, keep, keep_every)
-        ctx.say(f"kept entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} ({why})")
-    for entry in result.removed_entries:
-        ctx.say(f"{verb} entry: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
-    for folder in result.removed_folders:
-        ctx.say(f"{verb} folder: {folder}")
-    for skip in result.skipped:
-        ctx.say(f"kept folder: {skip.location} ({skip.reason})")
-    if not (result.removed_entries or result.removed_folders or result.skipped):
-        ctx.say("nothing to prune")
-    return EXIT_OK
-
-
-def _selected(ctx: Context, store: WatchStore, candidates: list[Entry]) -> list[Entry]:
-    """The candidates ``SAVE`` and/or ``--epoch`` and ``--step`` select (``pin``, ``unpin``)."""
-    from ckpt.domain.entries import parse_epoch, parse_step
-
-    args = ctx.args
-    if args.save is None and (args.epoch is None or args.step is None):
-        raise UsageError(f"{args.command}: name the entry by SAVE, or by --epoch and --step")
-    location = None if args.save is None else ctx.save_location(args.save).rstrip("/")
-    epoch = None if args.epoch is None else parse_epoch(args.epoch)
-    step = None if args.step is None else parse_step(args.step)
-    return [
-        e
-        for e in candidates
-        if (location is None or store.location(e) == location)
-        and (epoch is None or e.epoch == epoch)
-        and (step is None or e.step == step)
-    ]
-
-
-def _cmd_pin(ctx: Context) -> int:
-    from ckpt.cli.output import entry_document, print_json
-
-    store = ctx.store()
-    chosen = _selected(ctx, store, store.entries())
-    if not chosen:
-        ctx.warn("no published entry matches: nothing to pin")
-        return EXIT_NOTHING
-    documents = []
-    for entry in chosen:
-        try:
-            created = store.pin(entry)
-        except NotFoundError as exc:  # a prune removed it meanwhile (ckpt.application.pins rule 2)
-            ctx.warn(str(exc))
-            return EXIT_NOTHING
-        documents.append({**entry_document(store, entry), "already_pinned": not created})
-        if not ctx.json:
-            what = "pinned" if created else "already pinned"
-            ctx.say(f"{what}: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
-    if ctx.json:
-        print_json({"pinned": documents}, ctx.stdout)
-    return EXIT_OK
-
-
-def _cmd_unpin(ctx: Context) -> int:
-    from ckpt.cli.output import entry_document, print_json
-
-    store = ctx.store()
-    chosen = _selected(ctx, store, store.pinned())
-    documents = []
-    for entry in chosen:
-        if store.unpin(entry):
-            documents.append(entry_document(store, entry))
-            if not ctx.json:
-                ctx.say(f"unpinned: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
-    if ctx.json:
-        print_json({"unpinned": documents}, ctx.stdout)
-    elif not documents:
-        ctx.say("not pinned: nothing to unpin")
-    return EXIT_OK
-
-
-def _cmd_exec_dir(ctx: Context) -> int:
-    from ckpt.cli.output import print_json
-
-    location = ctx.store().exec_dir(_attempt_arg(ctx))
-    if ctx.json:
-        print_json({"location": location}, ctx.stdout)
-    else:
-        ctx.say(location)
-    return EXIT_OK
-
-
-# Commands whose only possible source of log records is the store they open (see main()).
-_STORE_COMMANDS = frozenset(
-    {_cmd_resolve, _cmd_entries, _cmd_publish, _cmd_prune, _cmd_exec_dir, _cmd_pin, _cmd_unpin}
-)
+    return handler
 
 
 def _cmd_demo(ctx: Context) -> int:
@@ -382,16 +235,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         metavar="N",
         help="processes that wrote the saves (hf, dcp, deepspeed, lightning): all their files must be there",
     )
-    p.set_defaults(handler=_cmd_resolve)
+    p.set_defaults(handler=_later("publication", "cmd_resolve"), store_command=True)
 
     p = commands.add_parser("entries", help="every entry, ascending: <epoch> <step> <location>")
-    p.set_defaults(handler=_cmd_entries)
+    p.set_defaults(handler=_later("publication", "cmd_entries"), store_command=True)
 
     p = commands.add_parser("publish", help="publish a complete save")
     p.add_argument("--epoch", help="scheduler epoch (DISPATCH_EPOCH)")
     p.add_argument("--step", required=True, help="training step")
     p.add_argument("save", metavar="SAVE", help="path or s3:// URL under the root, or relative to it")
-    p.set_defaults(handler=_cmd_publish)
+    p.set_defaults(handler=_later("publication", "cmd_publish"), store_command=True)
 
     p = commands.add_parser(
         "prune", help="keep the N latest, every K steps and the pinned entries; remove what only others need"
@@ -399,21 +252,21 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--keep", required=True, help="how many of the latest entries to keep (>= 1)")
     p.add_argument("--keep-every", metavar="K", help="also keep every entry whose step is a multiple of K")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
-    p.set_defaults(handler=_cmd_prune)
+    p.set_defaults(handler=_later("retention", "cmd_prune"), store_command=True)
 
-    for name, handler, what in (
-        ("pin", _cmd_pin, "protect an entry (and its folder) from every prune"),
-        ("unpin", _cmd_unpin, "remove an entry's pin (not an error when there is none)"),
+    for name, what in (
+        ("pin", "protect an entry (and its folder) from every prune"),
+        ("unpin", "remove an entry's pin (not an error when there is none)"),
     ):
         p = commands.add_parser(name, help=f"{what}: by SAVE, or by --epoch and --step")
         p.add_argument("save", metavar="SAVE", nargs="?", help="the entry's save: path, URL or relative")
         p.add_argument("--epoch", help="the entry's epoch (never taken from DISPATCH_EPOCH)")
         p.add_argument("--step", help="the entry's step")
-        p.set_defaults(handler=handler)
+        p.set_defaults(handler=_later("retention", f"cmd_{name}"), store_command=True)
 
     p = commands.add_parser("exec-dir", help="the folder one execution saves into")
     p.add_argument("--attempt", help="execution attempt (DISPATCH_ATTEMPT)")
-    p.set_defaults(handler=_cmd_exec_dir)
+    p.set_defaults(handler=_later("publication", "cmd_exec_dir"), store_command=True)
 
     # Help (-h, or --help and its abbreviations) lists every command with its own help text.
     wanted = None if argv is None or any(a == "-h" or a.startswith("--h") for a in argv) else set(argv)
@@ -459,10 +312,10 @@ def main(
         err.write(f"ckpt: {one_line(str(exc))} (see ckpt --help)\n")
         return EXIT_USAGE
     ctx = Context(args, env, out, err)
-    # Importing logging costs a few milliseconds, and on a POSIX root nothing the store commands run logs:
-    # they start logging when they open another kind of store (Context.store). Every other command, the
-    # watcher's above all, starts it here.
-    if args.handler not in _STORE_COMMANDS:
+    # Importing logging costs a few milliseconds, and on a POSIX root nothing the store commands (those marked
+    # ``store_command``) run logs: they start logging when they open another kind of store (Context.store).
+    # Every other command, the watcher's above all, starts it here.
+    if not getattr(args, "store_command", False):
         ctx.start_logging()
     try:
         code: int = args.handler(ctx)

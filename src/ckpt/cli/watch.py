@@ -8,13 +8,13 @@ Rules:
    ``--saves LOCATION`` (absolute path, ``s3://`` URL, or a path relative to the root) or else
    ``exec_dir(--attempt | DISPATCH_ATTEMPT)``; the epoch from ``--epoch | DISPATCH_EPOCH``. ``--interval``
    (10), ``--settle`` (the rule's: the interval for ``hf``, ``lightning``, a ``deepspeed`` of unknown world
-   size and configured rules, else 0; ``dcp`` never settles)
-   and ``--scan-timeout`` (120) are seconds, fractions allowed: plain decimals only (no sign, exponent,
-   ``inf`` or ``nan``); interval and scan timeout must be > 0. ``--world-size N`` (default ``WORLD_SIZE``
-   from the environment the sidecar shares with the trainer; unset: unknown) is the number of training
-   processes (``hf`` above 1: every rank's ``rng_state_<i>.pth`` must be complete; ``dcp``: a save without
-   collectives is complete with every rank's ``__<i>.metadata``; ``deepspeed``: as many optimizer shards).
-   Anything invalid is ``InvalidError`` (exit 2).
+   size and configured rules, else 0; ``dcp`` never settles) and ``--scan-timeout`` (120) are seconds,
+   fractions allowed: plain decimals only (no sign, exponent, ``inf`` or ``nan``); interval and scan timeout
+   must be > 0. ``--world-size N`` (default ``WORLD_SIZE`` from the environment the sidecar shares with the
+   trainer; unset: unknown) is the number of training processes (``hf`` above 1: every rank's
+   ``rng_state_<i>.pth`` must be complete; ``dcp``: a save without collectives is complete with every rank's
+   ``__<i>.metadata``; ``deepspeed``: as many optimizer shards). Anything invalid is
+   ``InvalidError`` (exit 2).
 2. One log line per publication through the ``ckpt`` logger (text or JSON lines, as ``--log-format`` set it).
 3. SIGTERM and SIGINT stop the watcher: it drains (at most the settle time) and the command exits 0.
    ``--once`` is a watch stopped right after its first scan. The command installs its handlers before it

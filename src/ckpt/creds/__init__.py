@@ -1,7 +1,7 @@
 """S3 credentials for ``ckpt`` (spec/credentials.md): the ``Credentials`` value, the ``Source`` port, the
-ordered chain,
-the four sources (``env``, ``file``, ``vault``, ``aws-default``), the ``[[credentials]]`` configuration, and
-the ``ckpt.credential_sources`` entry-point group through which other packages add kinds of source.
+ordered chain, the four sources (``env``, ``file``, ``vault``, ``aws-default``), the ``[[credentials]]``
+configuration, and the ``ckpt.credential_sources`` entry-point group through which other packages add kinds of
+source.
 
 Importing this package imports neither ``botocore`` nor ``hvac``; the sources import them when they first
 need them. The botocore session that signs with a chain lives in :mod:`ckpt.creds.botocore_session`, which

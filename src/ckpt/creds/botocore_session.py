@@ -6,11 +6,10 @@ Rules for this module:
   session variable is reduced to its built-in default, the config and credentials files point at
   ``os.devnull``, configured endpoint URLs are ignored). So ``AWS_PROFILE``, ``AWS_DEFAULT_REGION``,
   ``AWS_ENDPOINT_URL_S3``, ``AWS_CA_BUNDLE`` or a ``[profile]`` in ``~/.aws/config`` cannot redirect, re-key
-  or weaken signed requests. Region, endpoint, CA bundle and proxies are passed explicitly by the S3
-  adapter (``ckpt.adapters.s3.client.create_s3_client`` insists on explicit proxies, then routes every
-  request by the proxy rule).
-  ``BOTOCORE_EXPERIMENTAL__PLUGINS`` is the one ambient knob botocore offers no way to switch off per
-  session.
+  or weaken signed requests. Region, endpoint, CA bundle and proxies are passed explicitly by the S3 adapter
+  (``ckpt.adapters.s3.client.create_s3_client`` insists on explicit proxies, then routes every request by the
+  proxy rule). ``BOTOCORE_EXPERIMENTAL__PLUGINS`` is the one ambient knob botocore offers no way to switch off
+  per session.
 - The credential resolver holds exactly one provider, backed by our chain. Its credentials are a
   ``DeferredRefreshableCredentials``: nothing is fetched until the first request is signed; afterwards
   botocore asks for a refresh when the *deadline* we gave it passes. The deadline is the earlier of "now +

@@ -6,10 +6,9 @@ Every key is checked: an unknown key, a wrong type or a missing required key is 
 ``role`` in the ``[credentials.auth]`` of the second ``[[credentials]]``). Building a chain reads no file and
 opens no connection, so validation is the same code as building.
 
-No tables at all means botocore's default chain (spec/credentials.md). A kind listed twice gets names that
-say which
-table it came from (``file (credentials[2])``), so messages stay unambiguous. A kind that is not built in is
-looked up among the installed plugins (:mod:`ckpt.creds.plugins`), which validate their own keys.
+No tables at all means botocore's default chain (spec/credentials.md). A kind listed twice gets names that say
+which table it came from (``file (credentials[2])``), so messages stay unambiguous. A kind that is not built
+in is looked up among the installed plugins (:mod:`ckpt.creds.plugins`), which validate their own keys.
 """
 
 from __future__ import annotations

@@ -15,9 +15,8 @@
     ├── CredentialsError(PermissionError)       a credential source is broken or refused (exit 1)
     └── ScanTimeoutError(TimeoutError)          a watcher scan exceeded its timeout (exit 1)
 
-A save that does not exist is the caller's mistake, not the storage's (spec/operations.md): publishing it
-is an
-``InvalidError`` like a save outside the root, so ``SaveNotFoundError`` sits under ``InvalidError`` and not
+A save that does not exist is the caller's mistake, not the storage's (spec/operations.md): publishing it is
+an ``InvalidError`` like a save outside the root, so ``SaveNotFoundError`` sits under ``InvalidError`` and not
 under ``NotFoundError``, which is kept for a root or bucket that is gone (an operational failure).
 
 Each leaf also derives from the nearest builtin so that callers who only know the standard library still

@@ -166,11 +166,11 @@ def encode_save_bytes(raw: bytes) -> str:
 #    whole bytes: <the save's bytes> <the byte holding the unused bits> <\x01 ...> <\n>. Characters outside
 #    the alphabet become "!", and so does the pad of a part of impossible length (1, 3 or 6 characters past a
 #    whole group), which stops the conversion; a part longer than 213 characters has no pad at all.
-# 3. One UTF-8 decode of all rows, then one regex over them (_ROWS): a valid save (spec/layout.md), then
-# NUL, which
-#    is what the unused-bits byte holds exactly when the part is canonical, then \x01s and \n. The rows are
-#    delimited by their \n alone: each pad carries exactly one, so the newline count proves no save holds one,
-#    and \x01 (never NUL, never part of a valid save) keeps a NUL inside a save from passing for a row's end.
+# 3. One UTF-8 decode of all rows, then one regex over them (_ROWS): a valid save (spec/layout.md), then NUL,
+#    which is what the unused-bits byte holds exactly when the part is canonical, then \x01s and \n. The rows
+#    are delimited by their \n alone: each pad carries exactly one, so the newline count proves no save holds
+#    one, and \x01 (never NUL, never part of a valid save) keeps a NUL inside a save from passing for a row's
+#    end.
 #
 # When any check fails, the reference parser runs name by name to name the first bad one; property tests
 # hold the two paths to the same answers.

@@ -6,10 +6,10 @@ Two kinds of port live here:
   against. One class implements them, ``ckpt.application.CheckpointStore``, by running every flow (publish,
   entries, resolve, prune, the watcher's reads) once.
 * The small store ports a storage technology implements: :class:`PublicationLog` (the names in ``pub/``),
-  :class:`SaveTree` (the saves' folders and files) and, optionally, :class:`PruneJournal` (the prune's
-  control objects), plus optional capabilities (:class:`SyncsSaves`, :class:`ScansNameChunks`,
-  :class:`ProbesExclusiveCreate`), checked with
-  ``isinstance`` on these runtime-checkable protocols. docs/adding-a-store.md walks through them.
+  :class:`SaveTree` (the saves' folders and files) and, optionally, :class:`PruneJournal` (the prune's control
+  objects), plus optional capabilities (:class:`SyncsSaves`, :class:`ScansNameChunks`,
+  :class:`ProbesExclusiveCreate`), checked with ``isinstance`` on these runtime-checkable protocols.
+  docs/adding-a-store.md walks through them.
 
 A *location* is a save's address in the store's own form: an absolute POSIX path, an ``s3://`` or a
 ``memory://`` URL (``ckpt.domain.locator``). The small ports never see locations: they take *save paths*

@@ -20,14 +20,13 @@ _SCHEME_AND_SLASHES: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 def redact_url(url: str, *, keep_user: bool = True) -> str:
     """Return ``url`` with the secret part of its user-info replaced by ``***``.
 
-    Works on malformed values too, so error messages can show them. Everything after a leading
-    ``scheme://`` (a well-formed scheme only), or from the start, up to the *last* ``@`` counts as
-    user-info, so a password with an unescaped ``/``, ``@`` or ``://`` is still hidden; a URL with ``@``
-    only in its path is over-redacted, which is the safe way to be wrong. With ``keep_user`` (proxy URLs,
-    spec/proxy.md) a user name followed by a password stays visible (``user:***@``); a user name alone is
-    hidden
-    either way (it is often a token). Without it (S3 roots, endpoints, the Vault address, where any
-    user-info is a mistake and the user name may be an access key id) all of it becomes ``***@``.
+    Works on malformed values too, so error messages can show them. Everything after a leading ``scheme://``
+    (a well-formed scheme only), or from the start, up to the *last* ``@`` counts as user-info, so a password
+    with an unescaped ``/``, ``@`` or ``://`` is still hidden; a URL with ``@`` only in its path is
+    over-redacted, which is the safe way to be wrong. With ``keep_user`` (proxy URLs, spec/proxy.md) a user
+    name followed by a password stays visible (``user:***@``); a user name alone is hidden either way (it is
+    often a token). Without it (S3 roots, endpoints, the Vault address, where any user-info is a mistake and
+    the user name may be an access key id) all of it becomes ``***@``.
 
     >>> redact_url("http://alice:s3cr3t@proxy.example:3128")
     'http://alice:***@proxy.example:3128'

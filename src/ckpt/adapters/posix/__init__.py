@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from contextlib import suppress
+from typing import TYPE_CHECKING
 
 from ckpt.adapters.posix.journal import PosixJournal
 from ckpt.adapters.posix.log import PosixLog
@@ -24,15 +25,15 @@ from ckpt.adapters.posix.pins import PosixPins
 from ckpt.adapters.posix.small_files import write_small_file
 from ckpt.adapters.posix.syscalls import CREATE_FLAGS, PosixRoot, Syscalls
 from ckpt.adapters.posix.tree import PosixTree
-from ckpt.adapters.posix_saves import PosixSaves
 from ckpt.application.checkpoint_store import CheckpointStore
 from ckpt.domain.arguments import require_str
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.journal import JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
 from ckpt.domain.ports import ExclusiveCreateProbe
-from ckpt.domain.saves_reader import TreeReader
-from ckpt.inspection import StoreSaves
+
+if TYPE_CHECKING:
+    from ckpt.domain.saves_reader import TreeReader
 
 __all__ = ["JOURNAL_PREFIX", "PosixStore", "Syscalls"]
 
@@ -77,8 +78,12 @@ class PosixStore(CheckpointStore):
         """The ``ReadsSaves`` capability: ``pread`` tails and one ``scandir`` per listing.
 
         A subclass, or a store given its own system calls (a test's fault injection), is read through the
-        ``WatchStore`` port instead, so whatever it overrides is honoured.
+        ``WatchStore`` port instead, so whatever it overrides is honoured. Both readers come with the rules
+        they serve, which a ``resolve`` never needs: they are imported here, not with the store.
         """
+        from ckpt.adapters.posix_saves import PosixSaves
+        from ckpt.inspection import StoreSaves
+
         if type(self) is PosixStore and type(self._at.sys) is Syscalls:
             return PosixSaves(location, root=self.root)
         return StoreSaves(self, location)

@@ -23,7 +23,6 @@ import os
 import stat
 from collections.abc import Sequence
 
-from ckpt.adapters.posix.removal import remove_folder
 from ckpt.adapters.posix.syscalls import DIR_FLAGS, NOFOLLOW_DIR_FLAGS, READ_FLAGS, PosixRoot, storage_error
 from ckpt.domain.errors import StorageError
 from ckpt.domain.ports import FileInfo, SaveRemoval
@@ -248,6 +247,8 @@ class PosixTree:
 
     def remove_saves(self, saves: Sequence[str]) -> list[SaveRemoval]:
         """Remove each save's folder relative to one descriptor of the root, never through a link."""
+        from ckpt.adapters.posix.removal import remove_folder  # only a prune removes: not at start-up
+
         at = self._at
         root_fd = at.open_root()
         try:

@@ -10,12 +10,11 @@ Rules:
 1. A save is a folder named ``global_step<N>`` (DeepSpeed's default tag), ``<N>`` per names.md §3.2.
 2. ``latest`` beside the save names its tag, or a later ``global_step<M>`` (M >= N): a later save can only
    have started after this one's final barrier.
-3. Every expected shard is present: a model-states file for every model-parallel rank
-   ``0 … max`` (``mp_rank_XX_model_states.pt``, or ``zero_pp_rank_<dp>_mp_rank_XX_model_states.pt``
-   under ZeRO-3, then for every data-parallel rank too), and when there are optimizer-states files
-   (``[bf16_]zero_pp_rank_<dp>_mp_rank_XX_optim_states.pt``) one for every (dp, mp) pair of the grid the
-   files span. When the world size N is known, that grid has exactly N cells (each rank writes one
-   optimizer shard).
+3. Every expected shard is present: a model-states file for every model-parallel rank ``0 … max``
+   (``mp_rank_XX_model_states.pt``, or ``zero_pp_rank_<dp>_mp_rank_XX_model_states.pt`` under ZeRO-3, then for
+   every data-parallel rank too), and when there are optimizer-states files
+   (``[bf16_]zero_pp_rank_<dp>_mp_rank_XX_optim_states.pt``) one for every (dp, mp) pair of the grid the files
+   span. When the world size N is known, that grid has exactly N cells (each rank writes one optimizer shard).
 4. Every ``.pt`` file in the save is a complete zip (its end record is written last).
 5. Settle: a rank that has not yet created its file leaves no trace; rule 3 catches it only within the grid
    the other files span, or with N known. So with N unknown the default settle time is one interval

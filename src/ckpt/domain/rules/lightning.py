@@ -14,9 +14,9 @@ Rules:
    name without a step is not a save. ``last.ckpt`` and any name whose stem is ``last`` or ends with
    ``-last`` (optionally versioned) duplicate another save and are never saves; neither are links (the
    store never lists them as files or folders).
-2. A single-file save (a regular file) is complete when it ends with a zip end record
-   (zipend.py), and, in the watcher, once its size has stayed unchanged for the settle time (default: one
-   interval), which covers a file growing in place.
+2. A single-file save (a regular file) is complete when it ends with a zip end record (zipend.py), and, in the
+   watcher, once its size has stayed unchanged for the settle time (default: one interval), which covers a
+   file growing in place.
 3. A sharded save (a folder) is complete when it holds ``.metadata`` and ``meta.pt``, and ``meta.pt`` is a
    complete zip; a DeepSpeed-strategy save (a folder holding ``latest``) follows the ``deepspeed`` rule with
    the tag ``checkpoint``: ``latest`` inside the folder names it, every shard under ``checkpoint/`` is

@@ -6,6 +6,9 @@ any two), while renames, removals and ``torch.save``-then-rename writes happen a
 whether the save is complete by then, from the sequence's own ``complete_after`` mark, which the tests
 compare with the rule's verdict. The same states can be played onto a real folder
 (:func:`apply_to_folder`) for the watcher.
+
+The steps are the trainer's :class:`~support.trainer.plan.Op`; where the trainer plays a save in time through
+a sink, these sequences are played state by state, so that every state can be judged.
 """
 
 from __future__ import annotations
@@ -17,20 +20,10 @@ from pathlib import Path
 import attrs
 
 from support.rule_layouts import zip_bytes
+from support.trainer.plan import Op  # the trainer's steps: here a ``write`` shows as empty, half, then whole
 
 ZIP = zip_bytes(300)
 SHARD = bytes(range(256)) * 2
-
-
-@attrs.frozen
-class Op:
-    """One step of a save: ``write`` (grows through empty and half), ``put`` (appears whole, e.g. after a
-    rename from a tmp file), ``rename`` (a folder or file, ``path`` -> ``to``), ``remove``."""
-
-    action: str
-    path: str
-    data: bytes = b""
-    to: str = ""
 
 
 def write(path: str, data: bytes) -> Op:

@@ -1,0 +1,105 @@
+"""The retention commands: ``prune``, ``pin`` and ``unpin`` (spec/cli.md).
+
+Imported by :mod:`ckpt.cli` only when one of them runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ckpt.cli import EXIT_NOTHING, EXIT_OK, Context, UsageError, whole_number
+from ckpt.domain.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from ckpt.domain.entries import Entry
+    from ckpt.domain.ports import WatchStore
+
+__all__ = ["cmd_pin", "cmd_prune", "cmd_unpin"]
+
+
+def cmd_prune(ctx: Context) -> int:
+    from ckpt.cli.output import kept_reasons, print_json, prune_document
+
+    keep = whole_number(ctx.args.keep, "--keep", minimum=1)
+    every = ctx.args.keep_every
+    keep_every = None if every is None else whole_number(every, "--keep-every", minimum=1)
+    store = ctx.store()
+    result = store.prune(keep, keep_every=keep_every, dry_run=ctx.args.dry_run)
+    if ctx.json:
+        print_json(prune_document(store, result), ctx.stdout)
+        return EXIT_OK
+    verb = "would remove" if result.dry_run else "removed"
+    for kept in result.kept:
+        entry = kept.entry
+        why = kept_reasons(kept, keep, keep_every)
+        ctx.say(f"kept entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} ({why})")
+    for entry in result.removed_entries:
+        ctx.say(f"{verb} entry: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
+    for folder in result.removed_folders:
+        ctx.say(f"{verb} folder: {folder}")
+    for skip in result.skipped:
+        ctx.say(f"kept folder: {skip.location} ({skip.reason})")
+    if not (result.removed_entries or result.removed_folders or result.skipped):
+        ctx.say("nothing to prune")
+    return EXIT_OK
+
+
+def _selected(ctx: Context, store: WatchStore, candidates: list[Entry]) -> list[Entry]:
+    """The candidates ``SAVE`` and/or ``--epoch`` and ``--step`` select (``pin``, ``unpin``)."""
+    from ckpt.domain.entries import parse_epoch, parse_step
+
+    args = ctx.args
+    if args.save is None and (args.epoch is None or args.step is None):
+        raise UsageError(f"{args.command}: name the entry by SAVE, or by --epoch and --step")
+    location = None if args.save is None else ctx.save_location(args.save).rstrip("/")
+    epoch = None if args.epoch is None else parse_epoch(args.epoch)
+    step = None if args.step is None else parse_step(args.step)
+    return [
+        e
+        for e in candidates
+        if (location is None or store.location(e) == location)
+        and (epoch is None or e.epoch == epoch)
+        and (step is None or e.step == step)
+    ]
+
+
+def cmd_pin(ctx: Context) -> int:
+    from ckpt.cli.output import entry_document, print_json
+
+    store = ctx.store()
+    chosen = _selected(ctx, store, store.entries())
+    if not chosen:
+        ctx.warn("no published entry matches: nothing to pin")
+        return EXIT_NOTHING
+    documents = []
+    for entry in chosen:
+        try:
+            created = store.pin(entry)
+        except NotFoundError as exc:  # a prune removed it meanwhile (ckpt.application.pins rule 2)
+            ctx.warn(str(exc))
+            return EXIT_NOTHING
+        documents.append({**entry_document(store, entry), "already_pinned": not created})
+        if not ctx.json:
+            what = "pinned" if created else "already pinned"
+            ctx.say(f"{what}: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
+    if ctx.json:
+        print_json({"pinned": documents}, ctx.stdout)
+    return EXIT_OK
+
+
+def cmd_unpin(ctx: Context) -> int:
+    from ckpt.cli.output import entry_document, print_json
+
+    store = ctx.store()
+    chosen = _selected(ctx, store, store.pinned())
+    documents = []
+    for entry in chosen:
+        if store.unpin(entry):
+            documents.append(entry_document(store, entry))
+            if not ctx.json:
+                ctx.say(f"unpinned: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
+    if ctx.json:
+        print_json({"unpinned": documents}, ctx.stdout)
+    elif not documents:
+        ctx.say("not pinned: nothing to unpin")
+    return EXIT_OK
