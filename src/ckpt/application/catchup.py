@@ -72,12 +72,12 @@ def is_vanished_save(exc: BaseException, location: str) -> bool:
     """True when ``exc``, raised publishing the save at ``location``, says that save does not exist.
 
     A missing save is a ``FileNotFoundError`` of ours: an ``InvalidError`` (the caller's mistake,
-    spec/operations.md) or
-    a ``NotFoundError`` naming the save itself; a ``NotFoundError`` naming the root is an outage instead.
+    spec/operations.md) or a ``NotFoundError`` naming the save itself; a ``NotFoundError`` naming the root is
+    an outage instead.
     """
-    # By the class's MRO: an InvalidError that is also a FileNotFoundError exists where
-    # spec/operations.md's missing-save
-    # error does (SaveNotFoundError), and a type checker that does not know it would call the test impossible.
+    # By the class's MRO: an InvalidError that is also a FileNotFoundError exists where spec/operations.md's
+    # missing-save error does (SaveNotFoundError), and a type checker that does not know it would call the
+    # test impossible.
     if not isinstance(exc, CkptError) or FileNotFoundError not in type(exc).__mro__:
         return False
     if isinstance(exc, InvalidError):

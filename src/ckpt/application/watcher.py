@@ -11,8 +11,8 @@ Rules this module keeps (docs/adr/0008-watcher.md says why):
 2. Published saves are never read again. The watcher keeps their locations in memory; a new watcher learns
    them by reading ``entries()`` once, in its first scan, keeping the entries of its own epoch. So a scan
    over any number of already-published saves with nothing new costs one listing of the saves location
-   (one S3 request per 1,000 names). An
-   ``ExistsError`` (another watcher got there first) also counts as published.
+   (one S3 request per 1,000 names). An ``ExistsError`` (another watcher got there first) also counts as
+   published.
 3. Exactly once under kill and restart follows from (2) and the store's exclusive create: an entry either
    exists, and the restarted watcher reads it, or it does not, and the save is published again once.
 4. Settle state (the first look since which a save's listing has not changed) lives in memory only; a
@@ -113,10 +113,9 @@ class Watcher:
     ``dcp``) how long a save's listing must stay unchanged (a rule may ignore it: ``dcp`` does) and how long
     the drain after a stop may last; ``world_size`` (``None``: unknown) builds the rule of a
     :class:`Framework` (a rule object already carries its own); ``scan_timeout`` (``None``: none) bounds each
-    scan in
-    :meth:`watch`; ``on_published`` is called with each entry a scan creates, in step order, from the thread
-    that runs the scan; ``observer`` receives a :class:`ScanReport` after every scan (rule 8). ``clock`` is a
-    monotonic clock in seconds (tests pass a fake one to :meth:`scan`).
+    scan in :meth:`watch`; ``on_published`` is called with each entry a scan creates, in step order, from
+    the thread that runs the scan; ``observer`` receives a :class:`ScanReport` after every scan (rule 8).
+    ``clock`` is a monotonic clock in seconds (tests pass a fake one to :meth:`scan`).
     """
 
     def __init__(
