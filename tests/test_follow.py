@@ -7,7 +7,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from ckpt.domain.names import format_entry_name
 from ckpt.testing import InMemoryStore
 from support.harness import Harness
 from support.s3 import RequestLog, new_bucket_name, raw_client
+from support.silent_endpoint import silent_endpoint, silent_s3_config
 
 CKPT = [sys.executable, "-m", "ckpt"]
 OLD = Entry(2, 100, "exec/b/ck-100")
@@ -384,25 +384,6 @@ class TestCommand:
 
     def test_a_store_that_never_answers_exits_1_in_time(self, tmp_path: Path) -> None:
         """An S3 endpoint that accepts and never answers ends the follow with exit 1 in time."""
-        listener = socket.create_server(("127.0.0.1", 0))
-        held: list[socket.socket] = []
-        closing = threading.Event()
-        listener.settimeout(0.05)
-
-        def accept() -> None:
-            while not closing.is_set():
-                try:
-                    held.append(listener.accept()[0])
-                except TimeoutError:
-                    continue
-
-        acceptor = threading.Thread(target=accept, daemon=True)
-        acceptor.start()
-        config = tmp_path / "ckpt.toml"
-        config.write_text(
-            f'[s3]\nendpoint_url = "http://127.0.0.1:{listener.getsockname()[1]}"\nregion = "us-east-1"\n'
-            'addressing_style = "path"\nread_timeout = 60\nmax_attempts = 3\n'
-        )
         env = environment(
             AWS_ACCESS_KEY_ID="testing",
             AWS_SECRET_ACCESS_KEY="testing",
@@ -410,8 +391,9 @@ class TestCommand:
             AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
             AWS_EC2_METADATA_DISABLED="true",
         )
-        started = time.monotonic()
-        try:
+        with silent_endpoint() as (url, held):
+            config = silent_s3_config(tmp_path / "ckpt.toml", url)
+            started = time.monotonic()
             result = subprocess.run(
                 [*CKPT, "--root", "s3://bucket", "--config", str(config), "follow", "--scan-timeout", "1"],
                 capture_output=True,
@@ -420,12 +402,6 @@ class TestCommand:
                 timeout=60,
                 check=False,
             )
-        finally:
-            closing.set()
-            acceptor.join(5)
-            listener.close()
-            for conn in held:
-                conn.close()
         elapsed = time.monotonic() - started
         assert result.returncode == 1, result.stderr
         assert "took longer than 1s" in result.stderr

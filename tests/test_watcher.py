@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from ckpt.testing import InMemoryStore
 from support.harness import Harness
 from support.s3 import FAKE_ENV, RequestLog, S3Harness, http_settings, isolate_from_aws_environment
 from support.saves import rng_state_bytes
+from support.silent_endpoint import silent_endpoint
 from support.trainer import FolderSink, Trainer, complete_folders, mixed_plan
 
 HF, DCP = Framework.HF, Framework.DCP
@@ -597,41 +597,11 @@ class TestWatch:
         assert store.count("folders") == 1
 
 
-class HungServer:
-    """A loopback TCP server that accepts connections and never answers."""
-
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.05)
-        self.port: int = self.listener.getsockname()[1]
-        self.accepted: list[socket.socket] = []
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._closing.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            self.accepted.append(conn)
-
-    def close(self) -> None:
-        # Closing the accepted connections wakes the stuck client threads up with an error, so no test
-        # leaves a thread behind.
-        self._closing.set()
-        self._thread.join(5)
-        self.listener.close()
-        for conn in self.accepted:
-            conn.close()
-
-
 @pytest.fixture
-def hung_server() -> Iterator[HungServer]:
-    server = HungServer()
-    yield server
-    server.close()
+def hung_server() -> Iterator[str]:
+    """The URL of a loopback endpoint that accepts connections and never answers."""
+    with silent_endpoint() as (url, _held):
+        yield url
 
 
 class HttpProbeStore(RecordingStore):
@@ -648,9 +618,9 @@ class HttpProbeStore(RecordingStore):
 
 
 class TestScanTimeout:
-    def test_a_store_that_never_answers_ends_the_watch(self, hung_server: HungServer) -> None:
+    def test_a_store_that_never_answers_ends_the_watch(self, hung_server: str) -> None:
         """A store that accepts the connection and never answers ends watch() with ScanTimeoutError."""
-        store = HttpProbeStore(InMemoryStore(), f"http://127.0.0.1:{hung_server.port}/")
+        store = HttpProbeStore(InMemoryStore(), f"{hung_server}/")
         w = watcher(store, scan_timeout=0.3)
         started = time.monotonic()
         with pytest.raises(ScanTimeoutError, match=r"took longer than 0\.3s"):
@@ -663,11 +633,11 @@ class TestScanTimeout:
             w.scan()
 
     def test_s3_store_that_never_answers(
-        self, hung_server: HungServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+        self, hung_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     ) -> None:
         """The S3 store pointed at a server that never answers times out too, long before botocore would."""
         isolate_from_aws_environment(monkeypatch, tmp_path)
-        endpoint = f"http://127.0.0.1:{hung_server.port}"
+        endpoint = hung_server
         config = http_settings(endpoint, read_timeout=30.0)
         store = open_s3_store("s3://bucket", config=config, environ=FAKE_ENV)
         w = watcher(store, DCP, scan_timeout=0.5)
