@@ -95,6 +95,7 @@ def _complete(save: Path) -> bool:
     )
 
 
+@pytest.mark.slow
 class TestKilled:
     @pytest.mark.parametrize(("kill_at", "expected"), [("4:before-state", 2), ("4:before-publish", 4)])
     def test_a_real_run_killed_mid_save_loses_no_complete_save(
