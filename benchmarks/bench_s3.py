@@ -266,7 +266,8 @@ def _prune_rows(client: Any, counter: RequestCounter) -> list[Row]:
                     f"folder listings = {folder_lists}"
                 ),
                 passed=sent["DeleteObjects"] == deletes
-                and sent["ListObjectsV2"] <= folder_lists + 3  # pub/ twice, and the prune journal's listing
+                # pub/ twice, the prune journal's listing, and pins/ twice (before and after the entries go)
+                and sent["ListObjectsV2"] <= folder_lists + 5
                 and not note,
                 note=note,
             )
