@@ -3,6 +3,7 @@ processes: output, --json documents, exit codes."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -114,9 +115,33 @@ class TestEntries:
         """A bad name in pins/ makes entries and prune exit 5 and removes nothing."""
         (root / "pins").mkdir()
         (root / "pins" / "junk").touch()
-        assert ckpt(root, "entries").returncode == 5
+        entries = ckpt(root, "entries")
+        assert entries.returncode == 5
+        # Where the name was found, and why it is bad: not the words of a bad name in pub/.
+        expected = "ckpt: malformed pin 'junk' in pins/: expected <20-digit"
+        assert entries.stderr.startswith(expected), entries.stderr
         assert ckpt(root, "prune", "--keep", "1").returncode == 5
         assert len(os.listdir(root / "pub")) == 5
+
+    @pytest.mark.parametrize("save", ["pins", "pins/x"])
+    def test_an_entry_naming_the_pins_is_malformed_and_prune_removes_nothing(
+        self, root: Path, save: str
+    ) -> None:
+        """A name in pub/ whose save is pins/ (or inside it) makes every command exit 5; pins/ survives.
+
+        Found from outside: the bulk name parser let such a name through, and prune removed pins/ as the
+        folder of the oldest entry, so the next prune deleted what the pins protected.
+        """
+        ckpt(root, "pin", "--epoch", "1", "--step", "1000")
+        # format_entry_name refuses such a save; another port or an older version need not.
+        bad = f"{0:020d}-{1:020d}-" + base64.b32encode(save.encode()).decode().rstrip("=")
+        (root / "pub" / bad).touch()
+        for command in (["entries"], ["resolve"], ["prune", "--keep", "1"]):
+            result = ckpt(root, *command)
+            assert result.returncode == 5, (command, result.stderr)
+            assert bad in result.stderr
+        assert pins(root) == [1000]
+        assert len(os.listdir(root / "pub")) == 6
 
 
 class TestPruneTiers:

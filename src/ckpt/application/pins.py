@@ -63,7 +63,8 @@ def parse_pin_names(names: Iterable[str]) -> list[Entry]:
     try:
         return parse_entry_names(list(names))
     except MalformedError as exc:
-        raise MalformedError(f"malformed pin in {PINS_DIR_NAME}/: {exc}", value=exc.value) from None
+        message = f"malformed pin {exc.value!r} in {PINS_DIR_NAME}/: {exc.why}"
+        raise MalformedError(message, value=exc.value, why=exc.why) from None
 
 
 def pinned_entries(log: PinLog) -> list[Entry]:

@@ -27,6 +27,7 @@ from ckpt.domain.errors import InvalidError
 __all__ = [
     "EXEC_DIR_NAME",
     "MAX_U64",
+    "NEVER_SAVES",
     "PINS_DIR_NAME",
     "PUB_DIR_NAME",
     "Entry",
@@ -41,6 +42,12 @@ __all__ = [
 EXEC_DIR_NAME = "exec"
 PUB_DIR_NAME = "pub"
 PINS_DIR_NAME = "pins"  # the pins (docs/spec/layout.md): like pub/, never a save
+#: The first path elements no save may have (spec/names.md §1.1 rule 5), each with why. The bulk name parser
+#: (``ckpt.domain.names``) builds its check from this too, so the two parsers cannot disagree.
+NEVER_SAVES = {
+    PUB_DIR_NAME: "is pub/ or inside it (the publication log is not a save)",
+    PINS_DIR_NAME: "is pins/ or inside it (the pins are not a save)",
+}
 MAX_U64 = 2**64 - 1
 
 # ASCII control characters: C0 (0x00-0x1f) and DEL (0x7f). NUL is among them.
@@ -167,11 +174,7 @@ def save_error(save: object) -> str | None:
         return "has an empty path element ('//')"
     if "." in elements or ".." in elements:
         return "has a '.' or '..' path element (not clean)"
-    if elements[0] == PUB_DIR_NAME:
-        return "is pub/ or inside it (the publication log is not a save)"
-    if elements[0] == PINS_DIR_NAME:
-        return "is pins/ or inside it (the pins are not a save)"
-    return None
+    return NEVER_SAVES.get(elements[0])
 
 
 def validate_save(save: str) -> str:

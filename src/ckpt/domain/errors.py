@@ -93,11 +93,16 @@ class ProxyConfigError(InvalidError):
 
 
 class MalformedError(CkptError, ValueError):
-    """A stored value does not parse, such as a name in ``pub/``. ``value`` is the offending value."""
+    """A stored value does not parse, such as a name in ``pub/``. ``value`` is the offending value.
 
-    def __init__(self, message: str, *, value: str | None = None) -> None:
+    ``why`` is what is wrong with it, without the value or where it was found (``None`` when the message
+    says no more), so that a caller parsing the same format elsewhere (a pin in ``pins/``) can say where.
+    """
+
+    def __init__(self, message: str, *, value: str | None = None, why: str | None = None) -> None:
         super().__init__(message)
         self.value = value
+        self.why = why
 
 
 class ExistsError(CkptError, FileExistsError):

@@ -37,7 +37,7 @@ from typing import Any
 import attrs
 
 from ckpt.domain.arguments import require_instance, require_str
-from ckpt.domain.entries import MAX_U64, Entry, save_error
+from ckpt.domain.entries import MAX_U64, NEVER_SAVES, Entry, save_error
 from ckpt.domain.errors import InvalidError, MalformedError
 
 __all__ = [
@@ -108,7 +108,7 @@ def format_entry_name(entry: Entry) -> str:
 
 
 def _malformed(name: str, why: str) -> MalformedError:
-    return MalformedError(f"malformed entry name {name!r} in pub/: {why}", value=name)
+    return MalformedError(f"malformed entry name {name!r} in pub/: {why}", value=name, why=why)
 
 
 def parse_entry_name(name: str) -> Entry:
@@ -224,9 +224,10 @@ def _row_pad(length: int) -> str:
 _PADS_BY_RESIDUE = [_row_pad(residue) for residue in range(8)]
 _ROW_PADS = ("!", *(_PADS_BY_RESIDUE[length % 8] for length in range(1, MAX_B32_CHARS + 1)))
 # Rule 2 over decoded rows: elements free of '/' and control characters, none empty, '.' or '..', the first
-# not 'pub'; a save ends at the NUL of its row.
+# none of NEVER_SAVES (pub, pins: the list save_error uses); a save ends at the NUL of its row.
 _ELEMENT = r"(?!\.\.?[/\x00])[^/\x00-\x1f\x7f]++"
-_ROWS = re.compile(rf"(?:(?!pub[/\x00]){_ELEMENT}(?:/{_ELEMENT})*+\x00\x01*+\n)*+")
+_NOT_A_SAVE = "|".join(map(re.escape, NEVER_SAVES))
+_ROWS = re.compile(rf"(?:(?!(?:{_NOT_A_SAVE})[/\x00]){_ELEMENT}(?:/{_ELEMENT})*+\x00\x01*+\n)*+")
 
 # Translating names with _ORDER makes string order equal entry order: digits keep their order, and base32
 # characters sort by the value they encode (A-Z are 0-25, 2-7 are 26-31, so 2-7 must sort after Z), and the
