@@ -92,6 +92,13 @@ def text_of(case: Case, field: str) -> str:
     return bytes.fromhex(case[f"{field}_hex"]).decode("utf-8", "surrogateescape")
 
 
+def bytes_of(case: Case, field: str) -> bytes:
+    """Return the UTF-8 of the string under ``field``, or the bytes under ``<field>_hex``."""
+    if field in case:
+        return str(case[field]).encode("utf-8")
+    return bytes.fromhex(case[f"{field}_hex"])
+
+
 def entry_of(data: dict[str, str]) -> Entry:
     """Build an :class:`Entry` from a JSON entry object (u64 values are decimal strings)."""
     return Entry(int(data["epoch"]), int(data["step"]), data["save"])
@@ -484,13 +491,13 @@ class TestPruneJournal:
     @pytest.mark.parametrize("case", cases("journal", valid=True))
     def test_parse(self, case: Case) -> None:
         """A journal lists the vector's folders; an unfinished one lists none."""
-        assert parse_journal("j", case["text"].encode("utf-8")) == case["folders"]
+        assert parse_journal("j", bytes_of(case, "text")) == case["folders"]
 
     @pytest.mark.parametrize("case", cases("journal", valid=False))
     def test_refused(self, case: Case) -> None:
         """A finished journal with a bad header or folder is MalformedError naming the journal."""
         with pytest.raises(MalformedError, match=re.escape("/root/.ckpt-prune-0")):
-            parse_journal("/root/.ckpt-prune-0", case["text"].encode("utf-8"))
+            parse_journal("/root/.ckpt-prune-0", bytes_of(case, "text"))
 
 
 class TestS3Roots:

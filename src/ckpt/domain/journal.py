@@ -15,8 +15,9 @@ Rules:
 
 1. A journal without its last line (``end``) was being written when its prune stopped, before that prune
    removed anything: it lists nothing.
-2. A finished journal must start with the header, and every folder must be a valid save path; anything else
-   is ``MalformedError`` naming the journal.
+2. A finished journal must be UTF-8, start with the header, and list only valid save paths; anything else
+   is ``MalformedError`` naming the journal. It is never decoded leniently: a byte replaced by U+FFFD would
+   name another folder, and prune would remove that one.
 
 Pure: standard library and attrs only.
 """
@@ -51,9 +52,17 @@ def parse_journal(name: str, data: bytes) -> list[str]:
     >>> parse_journal("j", b"ckpt prune journal 1\\nexec/a/ck-1\\n")
     []
     """
-    lines = data.decode("utf-8", "replace").split("\n")
-    if len(lines) < 3 or lines[-2:] != [_FOOTER, ""]:
+    # Rule 1 on the bytes: an unfinished journal may end inside a multi-byte character.
+    ends = data.split(b"\n")
+    if len(ends) < 3 or ends[-2:] != [_FOOTER.encode(), b""]:
         return []  # rule 1: never finished, so its prune removed nothing
+    try:
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        # Never decoded leniently: a replaced byte would name another folder, which prune would remove.
+        raise MalformedError(
+            f"prune journal {name!r} is not UTF-8 (byte {exc.start} of {len(data)})", value=name
+        ) from None
     if lines[0] != _HEADER:
         raise MalformedError(f"prune journal {name!r} does not start with {_HEADER!r}", value=name)
     folders = lines[1:-2]
