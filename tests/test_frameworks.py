@@ -19,6 +19,7 @@ from ckpt.domain.frameworks import (
     Framework,
     Markers,
     default_settle,
+    large_trainer_state_problem,
     markers_problem,
     parse_framework,
     parse_world_size,
@@ -301,6 +302,62 @@ class TestMarkersProblem:
         """Whatever bytes the file holds, the check answers with a verdict instead of raising."""
         reason = markers_problem(HF, Markers(trainer_state=data))
         assert reason in (None, "trainer_state.json is not a JSON object")
+
+
+def trainer_state_text(records: int) -> bytes:
+    """``trainer_state.json`` as ``TrainerState.save_to_json`` writes it (indent 2, sorted, a newline)."""
+    state = {
+        "best_metric": None,
+        "global_step": records,
+        "log_history": [
+            {"epoch": i / 7, "loss": float("nan") if i == 3 else 1.5 / (i + 1), "step": i}
+            for i in range(records)
+        ],
+        "stateful_callbacks": {"TrainerControl": {"args": {"should_save": True}}},
+        "trial_params": None,
+    }
+    return (json.dumps(state, indent=2, sort_keys=True) + "\n").encode()
+
+
+class TestLargeTrainerState:
+    """A trainer_state.json over the read cap is judged by its two ends (found from outside: a long run's
+    file over 64 MiB made every save of it "not a JSON object", so it was never published)."""
+
+    def test_the_whole_file_passes_and_every_cut_of_it_fails(self) -> None:
+        """Cut anywhere while being written, the Trainer's output never ends as the whole file does."""
+        text = trainer_state_text(12)
+        assert large_trainer_state_problem(text[:100], FileTail(len(text), text[-200:])) is None
+        for cut in range(len(text)):
+            prefix = text[:cut]
+            problem = large_trainer_state_problem(prefix[:100], FileTail(cut, prefix[-200:]))
+            assert problem is not None, cut
+            assert problem.startswith(f"trainer_state.json is {cut} bytes, too large to parse"), problem
+
+    @pytest.mark.parametrize(
+        ("head", "tail"),
+        [
+            (b"[\n  {}", b"\n}\n"),  # not an object
+            (b'{\n  "a": 1', b"\n}"),  # the last newline not written yet
+            (b'{\n  "a": 1', b"  }\n"),  # an inner object's end
+            (b'{"a": {"b": 1}}', b'{"b": 1}}'),  # compact JSON: not how the Trainer writes
+        ],
+    )
+    def test_other_ends_fail(self, head: bytes, tail: bytes) -> None:
+        """Anything but '{' first and a '}' alone on the last line is "still being written"."""
+        assert large_trainer_state_problem(head, FileTail(10**8, tail)) is not None
+
+    def test_markers_use_the_ends_when_the_state_was_too_large(self) -> None:
+        """With ``trainer_state_end`` the head is not parsed; the sentinel and ranks still count."""
+        head = b'{\n  "best_metric": null,\n  "log_history": [\n'  # not JSON on its own
+        end = FileTail(10**8, b"    }\n  ]\n}\n")
+        assert markers_problem(HF, Markers(trainer_state=head, trainer_state_end=end)) is None
+        sentinel = Markers(trainer_state=head, trainer_state_end=end, incomplete_sentinel=True)
+        assert markers_problem(HF, sentinel) == "incomplete: checkpoint-is-incomplete.txt is present"
+        assert markers_problem(HF, Markers(trainer_state=head, trainer_state_end=end), world_size=2) == (
+            "no rng_state_0.pth (rank 0 of 2 has not finished its part of the save)"
+        )
+        cut = Markers(trainer_state=head, trainer_state_end=FileTail(10**8, b'  "loss": 1.5\n    }'))
+        assert "too large to parse" in str(markers_problem(HF, cut))
 
 
 def look(files: dict[str, int], started: float, finished: float | None = None) -> Look:

@@ -21,6 +21,7 @@ import pytest
 from ckpt.adapters.posix import PosixStore
 from ckpt.domain.catchup import EPOCH_RECORD
 from ckpt.domain.names import format_entry_name
+from ckpt.domain.saves import MAX_READ_BYTES
 from support import module_command, subprocess_env
 from support.silent_endpoint import silent_endpoint, silent_s3_config
 from support.trainer import complete_folders, mixed_plan
@@ -213,6 +214,36 @@ class TestOnce:
         result = ckpt(root, "--json", "watch", "--framework", "dcp", "--once", "--saves", saves)
         assert result.returncode == 0, result.stderr
         assert [e["save"] for e in json.loads(result.stdout)["published"]] == ["runs/job/step-8"]
+
+
+def large_trainer_state(records: int) -> bytes:
+    """A ``trainer_state.json`` as the Trainer writes it (``json.dumps(indent=2)`` and a newline), built by
+    repeating one ``log_history`` record so that tens of MB cost no JSON encoding."""
+    record = b'    {\n      "epoch": 0.5,\n      "loss": 1.25,\n      "step": 1\n    },\n'
+    last = b'    {\n      "epoch": 0.5,\n      "loss": NaN,\n      "step": 2\n    }\n'
+    return b'{\n  "global_step": 7,\n  "log_history": [\n' + record * (records - 1) + last + b"  ]\n}\n"
+
+
+class TestLargeTrainerState:
+    def test_a_state_over_the_read_cap_is_judged_by_its_ends(self, root: Path) -> None:
+        """A ``trainer_state.json`` over 64 MiB (a long run logging every step) is published when whole and
+        never when cut short; verified resolve agrees. Found from outside: such a save was "not a JSON
+        object" forever, so the watcher never published it and resume restarted the run from step 0.
+        """
+        assert json.loads(large_trainer_state(3))["global_step"] == 7  # the builder writes real JSON
+        state = large_trainer_state(1_000_000)
+        assert len(state) > MAX_READ_BYTES
+        make_hf_save(root, "checkpoint-7", state)
+        make_hf_save(root, "checkpoint-9", state[: len(state) - 9])  # killed while writing it
+        result = ckpt(root, "--json", "watch", "--framework", "hf", "--once", "--settle", "0")
+        assert result.returncode == 0, result.stderr
+        assert [e["step"] for e in json.loads(result.stdout)["published"]] == [7]
+        # Published by hand, the cut save is passed over by verified resolve, with the reason.
+        assert ckpt(root, "publish", "--step", "9", f"exec/{ATTEMPT}/checkpoint-9").returncode == 0
+        resolved = ckpt(root, "resolve", "--framework", "hf")
+        assert resolved.returncode == 0, resolved.stderr
+        assert resolved.stdout == f"{root}/exec/{ATTEMPT}/checkpoint-7\n"
+        assert f"trainer_state.json is {len(state) - 9} bytes, too large to parse" in resolved.stderr
 
 
 class TestEpochRecord:

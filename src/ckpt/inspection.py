@@ -9,7 +9,9 @@ Rules:
 
 1. ``needs`` is asked without a listing; when it wants one, the save is listed (a folder save only) and
    ``needs`` is asked again with the listing, so what is read can depend on what is there.
-2. Heads are read with one byte over the rule's limit, so the rule can tell "larger than the limit".
+2. Heads are read with one byte over the rule's limit, so the rule can tell "larger than the limit"; the
+   tail of a file larger than its limit is read too (one more read, only then), so that the rule can judge
+   a file too large to read whole by its two ends.
 3. Tails are read at most ``TAIL_BYTES`` from the end (a ranged read on S3, ``pread`` on POSIX). When the
    reader can run reads side by side (``map_concurrently``), the tails go through it (S3 bounds the
    concurrency), else one after the other.
@@ -44,10 +46,12 @@ def gather_view(rule: Rule, save: Save, items: Sequence[Item], reader: TreeReade
         needs = rule.needs(save, files)
     present = {path: reader.is_file(path) for path in needs.exists}
     heads = {path: reader.head(path, limit + 1) for path, limit in needs.heads}
+    larger = [path for path, limit in needs.heads if len(heads[path] or b"") > limit]
+    tail_paths = (*needs.tails, *(path for path in larger if path not in needs.tails))
     mapper: Callable[[Callable[[str], Tail | None], Iterable[str]], list[Tail | None]] = getattr(
         reader, "map_concurrently", _serially
     )
-    tails = dict(zip(needs.tails, mapper(lambda p: reader.tail(p, TAIL_BYTES), needs.tails), strict=True))
+    tails = dict(zip(tail_paths, mapper(lambda p: reader.tail(p, TAIL_BYTES), tail_paths), strict=True))
     return SaveView(save, tuple(items), files, present, heads, tails)
 
 

@@ -13,8 +13,12 @@ Rules:
    a step past 2**64 - 1) is not a save and is ignored, never an error.
 2. ``hf`` markers: ``trainer_state.json`` is present and parses (as Python's ``json`` reads it, which admits
    the ``NaN``/``Infinity`` the Trainer writes into ``log_history``) to a JSON *object*, and the
-   ``checkpoint-is-incomplete.txt`` sentinel is absent. ``dcp`` marker: ``.metadata`` is present (DCP renames
-   it into place once every rank has written).
+   ``checkpoint-is-incomplete.txt`` sentinel is absent. A ``trainer_state.json`` larger than the read cap
+   (a long run logging every step) is not read whole: it is judged by its two ends, as the Trainer writes
+   it (``json.dumps(indent=2) + "\\n"``): it starts with ``{`` and ends with ``\\n}\\n``. Only the outermost
+   ``}`` of that output starts a line (inner ones are indented; a JSON string holds no raw newline), so
+   no prefix of it, cut short while being written, ends that way. ``dcp`` marker: ``.metadata`` is
+   present (DCP renames it into place once every rank has written).
 3. ``hf`` ranks: when the world size ``N`` is known and greater than 1, every ``rng_state_<i>.pth`` for
    ``i < N`` is present and is a complete zip (its end-of-central-directory record ends the file). Each
    Trainer process writes its own as the last file of its part of the save, with no barrier before the main
@@ -57,6 +61,7 @@ __all__ = [
     "check_world_size",
     "check_zip_tail",
     "default_settle",
+    "large_trainer_state_problem",
     "markers_problem",
     "parse_framework",
     "parse_world_size",
@@ -193,13 +198,17 @@ def save_folders(framework: Framework, names: Iterable[str]) -> list[SaveFolder]
 class Markers:
     """The marker files of one save, as read from the store.
 
-    ``trainer_state`` is the content of ``trainer_state.json`` (``None`` when absent); ``incomplete_sentinel``
+    ``trainer_state`` is the content of ``trainer_state.json`` (``None`` when absent), or its first bytes when
+    ``trainer_state_end`` is given; ``incomplete_sentinel``
     whether ``checkpoint-is-incomplete.txt`` is present; ``metadata`` whether ``.metadata`` is present. A rule
     looks only at its own fields.
     """
 
     trainer_state: bytes | None = None
     incomplete_sentinel: bool = False
+    #: When ``trainer_state.json`` was larger than the read cap: its size and last bytes (``trainer_state``
+    #: then holds only its first bytes; rule 2).
+    trainer_state_end: FileTail | None = None
     metadata: bool = False
     rank_states: tuple[FileTail | None, ...] = ()
 
@@ -252,6 +261,25 @@ def _is_json_object(data: bytes) -> bool:
     return isinstance(value, dict)
 
 
+#: How the Trainer's ``trainer_state.json`` ends: the outermost ``}`` alone on the last line (rule 2).
+_TRAINER_STATE_END = b"\n}\n"
+
+
+def large_trainer_state_problem(head: bytes, end: FileTail) -> str | None:
+    """Judge a ``trainer_state.json`` too large to parse by its first bytes and its end (rule 2).
+
+    >>> large_trainer_state_problem(b'{\\n  "a": 1', FileTail(99_000_000, b'  }\\n  ]\\n}\\n'))
+    >>> large_trainer_state_problem(b'{\\n  "a": 1', FileTail(99_000_000, b'      "step": 9\\n    }'))[:40]
+    'trainer_state.json is 99000000 bytes, to'
+    """
+    if head.lstrip(b" \t\r\n").startswith(b"{") and end.tail.endswith(_TRAINER_STATE_END):
+        return None
+    return (
+        f"{TRAINER_STATE} is {end.size} bytes, too large to parse, and does not start and end as the "
+        f"Trainer writes it ('{{' first, a '}}' alone on the last line): still being written"
+    )
+
+
 def markers_problem(framework: Framework, markers: Markers, *, world_size: int | None = None) -> str | None:
     """Return why the markers say the save is not complete, or ``None`` when they say it is (rules 2, 3).
 
@@ -270,7 +298,11 @@ def markers_problem(framework: Framework, markers: Markers, *, world_size: int |
         return None if markers.metadata else f"no {METADATA}"
     if markers.trainer_state is None:
         return f"no {TRAINER_STATE}"
-    if not _is_json_object(markers.trainer_state):
+    if markers.trainer_state_end is not None:
+        problem = large_trainer_state_problem(markers.trainer_state, markers.trainer_state_end)
+        if problem is not None:
+            return problem
+    elif not _is_json_object(markers.trainer_state):
         return f"{TRAINER_STATE} is not a JSON object"
     if markers.incomplete_sentinel:
         return f"incomplete: {INCOMPLETE_SENTINEL} is present"

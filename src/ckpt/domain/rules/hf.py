@@ -77,8 +77,15 @@ class HfRule:
                 states.append(FileTail(sizes[name], b""))  # listed too large to be a rank's state: not read
             else:
                 states.append(None)
+        state_path = in_save(view.save, TRAINER_STATE)
+        state = view.heads.get(state_path)
+        end = None
+        if state is not None and len(state) > _STATE_LIMIT:  # too large to parse: judged by its ends
+            tail = view.tails.get(state_path)
+            end = FileTail(len(state), b"") if tail is None else FileTail(tail.size, tail.data)
         markers = Markers(
-            trainer_state=view.heads.get(in_save(view.save, TRAINER_STATE)),
+            trainer_state=state,
+            trainer_state_end=end,
             incomplete_sentinel=view.exists(in_save(view.save, INCOMPLETE_SENTINEL)),
             rank_states=tuple(states),
         )
