@@ -310,5 +310,5 @@ class TestScrapedSidecar:
                 capture_output=True, text=True, env=environment(), timeout=60, check=False,
             )  # fmt: skip
         assert result.returncode == 1, result.stderr
-        assert result.stderr.startswith("ckpt: ")
-        assert "Traceback" not in result.stderr
+        assert result.stderr.startswith(f"ckpt: cannot serve metrics at 127.0.0.1:{port}: "), result.stderr
+        assert len(result.stderr.splitlines()) == 1, result.stderr

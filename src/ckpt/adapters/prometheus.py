@@ -148,11 +148,15 @@ class MetricsServer:
 def serve_watch_metrics(address: str, port: int, version: str) -> tuple[WatchMetrics, MetricsServer]:
     """Create the watcher's metrics and serve them at ``http://address:port/metrics`` (port 0: any free one).
 
-    Raises ``InvalidError`` when ``prometheus_client`` is missing (rule 1) and ``OSError`` when the address
-    cannot be bound.
+    Raises ``InvalidError`` when ``prometheus_client`` is missing (rule 1) and ``OSError`` naming the address
+    and port when they cannot be bound.
     """
     prometheus = _prometheus()
     registry = prometheus.CollectorRegistry()
     metrics = WatchMetrics(registry, version)
-    server, thread = prometheus.start_http_server(port, addr=address, registry=registry)
+    try:
+        server, thread = prometheus.start_http_server(port, addr=address, registry=registry)
+    except OSError as exc:
+        where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        raise OSError(exc.errno, f"cannot serve metrics at {where}: {exc.strerror or exc}") from None
     return metrics, MetricsServer(server, thread, address)
