@@ -55,6 +55,7 @@ PUBLIC_API = [
     "plan_retention",
     "resolve_verified",
     "resume_location",
+    "stop_on_signals",
     "validate_attempt",
     "validate_save",
 ]
@@ -93,6 +94,7 @@ NOT_IMPORTED_BY_POSIX_RESOLVE = (
     *("json", "logging", "shutil", "bz2", "lzma", "tomllib", "concurrent.futures"),
     *("ckpt.config", "ckpt.creds", "ckpt.adapters.s3", "ckpt.domain.proxy", "ckpt.rulebook"),
     *("ckpt.domain.rules", "ckpt.domain.frameworks", "ckpt.inspection", "ckpt.adapters.posix_saves"),
+    "ckpt.stopping",
     *("ckpt.application.watcher", "ckpt.application.verify", "ckpt.domain.prune"),
     *("ckpt.cli.retention", "ckpt.cli.watch", "ckpt.cli.follow", "ckpt.cli.resume", "ckpt.cli.doctor"),
     *("ckpt.cli.output", "ckpt.cli.logs"),

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ckpt.domain.prune import PrunePlan, overlaps, plan_prune
     from ckpt.domain.retention import KeepReason, Kept, RetentionPlan, plan_retention
     from ckpt.integrations.core import resume_location
+    from ckpt.stopping import stop_on_signals
 
 __all__ = [
     "CkptError",
@@ -86,6 +87,7 @@ __all__ = [
     "plan_retention",
     "resolve_verified",
     "resume_location",
+    "stop_on_signals",
     "validate_attempt",
     "validate_save",
 ]
@@ -114,6 +116,7 @@ _LAZY = {
     "RetentionPlan": "ckpt.domain.retention",
     "plan_retention": "ckpt.domain.retention",
     "Followed": "ckpt.domain.follow",
+    "stop_on_signals": "ckpt.stopping",
 }
 
 

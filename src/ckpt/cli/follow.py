@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 from typing import Any
 
 from ckpt.cli.watch import parse_seconds
+from ckpt.stopping import stop_on_signals
 
 __all__ = ["register", "run"]
 
@@ -48,24 +45,9 @@ def register(commands: Any) -> None:
     p.set_defaults(handler=_handle)
 
 
-@contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Set ``stop`` on SIGTERM and SIGINT while inside; restore the previous handlers after."""
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def _handle(ctx: Any) -> int:
     stop = threading.Event()
-    with _stop_on_signals(stop):  # rule 3: before the configuration is read and the store opened
+    with stop_on_signals(stop):  # rule 3: before the configuration is read and the store opened
         return run(ctx, stop)
 
 

@@ -44,9 +44,8 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
-from types import FrameType
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ckpt.config import MAX_SECONDS
@@ -56,6 +55,7 @@ from ckpt.domain.frameworks import parse_world_size
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import WatchStore
 from ckpt.domain.redaction import redact_url
+from ckpt.stopping import stop_on_signals
 
 if TYPE_CHECKING:
     from ckpt.application.watcher import WatchObserver
@@ -249,30 +249,13 @@ def _metrics_endpoint(args: argparse.Namespace) -> tuple[str, int] | None:
     return address, int(port_text)
 
 
-@contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Set ``stop`` on SIGTERM and SIGINT while inside; restore the previous handlers after.
+def _stop_on_signals(stop: threading.Event) -> AbstractContextManager[None]:
+    """Set ``stop`` on SIGTERM and SIGINT while inside, and log the first (``ckpt.stopping``)."""
 
-    Signal handlers can only be installed from the main thread; elsewhere (an embedder's thread) the caller
-    stops the watch through its own means and this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    def announce(signum: signal.Signals) -> None:
+        _log.info("stopping on %s: publishing what settles within the settle time", signum.name)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if not stop.is_set():
-            _log.info(
-                "stopping on %s: publishing what settles within the settle time", signal.Signals(signum).name
-            )
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return stop_on_signals(stop, announce=announce)
 
 
 def run(

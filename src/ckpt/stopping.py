@@ -1,0 +1,77 @@
+"""End a watch or a follow on SIGTERM and SIGINT without taking a lock inside a signal handler (ADR 0018).
+
+CPython runs a Python signal handler in the main thread, between two bytecodes of whatever that thread is
+doing. When it is inside ``threading.Event.wait`` (where a watch or a follow spends its idle time), it may
+hold the event's internal lock at that moment; a handler that calls ``Event.set`` then waits for a lock its
+own thread holds, and the process never ends: SIGTERM is ignored until the kubelet's SIGKILL, and the
+drain's publications are lost. So the handler here only writes the signal's number to a pipe (one system
+call, no lock), and a relay thread reads the pipe and sets the event.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from types import FrameType
+from typing import Any
+
+# Not a signal number: written once on the way out, it ends the relay thread.
+_END = 0
+
+
+@contextmanager
+def stop_on_signals(
+    stop: threading.Event,
+    signals: Iterable[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+    *,
+    announce: Callable[[signal.Signals], None] | None = None,
+) -> Iterator[None]:
+    """Set ``stop`` when one of ``signals`` arrives while inside; restore the previous handlers after.
+
+    ``announce`` is called with the first signal, before ``stop`` is set, from the relay thread (so it may
+    log, which a signal handler must not). Handlers can only be installed from the main thread; elsewhere
+    (an embedder's thread) this does nothing and the caller stops through its own means.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # a handler must never block: a full pipe already holds a wake-up
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        with suppress(BlockingIOError):
+            os.write(write_end, bytes((signum,)))
+
+    def relay() -> None:
+        while True:
+            chunk = os.read(read_end, 64)
+            for signum in chunk:
+                if signum == _END:
+                    return
+                if announce is not None and not stop.is_set():
+                    announce(signal.Signals(signum))
+                stop.set()
+            if not chunk:
+                return
+
+    relay_thread = threading.Thread(target=relay, name="ckpt-signal-relay", daemon=True)
+    relay_thread.start()
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for sig in signals:
+            previous[sig] = signal.signal(sig, on_signal)
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: installed outside Python, which Python cannot put back
+                signal.signal(sig, handler)
+        # No handler writes any more: a blocking write of the end mark cannot race one. An end mark rather
+        # than closing the pipe, because a child forked meanwhile may still hold the write end open.
+        os.set_blocking(write_end, True)
+        os.write(write_end, bytes((_END,)))
+        relay_thread.join()
+        os.close(write_end)
+        os.close(read_end)
