@@ -257,6 +257,20 @@ class TestHostileArguments:
         assert_one_line_error(result, 2)
         assert not (root / "pub").exists()
 
+    @pytest.mark.parametrize("option", ["--root", "--config"])
+    def test_an_empty_root_or_config_is_refused_not_taken_as_absent(self, root: Path, option: str) -> None:
+        """`--root "$UNSET"` must not fall through to CKPT_ROOT: a prune would empty another root."""
+        for step in ("1", "2"):
+            rel = save(root, f"exec/a/ck-{step}")
+            assert ckpt("--root", str(root), "publish", "--epoch", "1", "--step", step, rel).returncode == 0
+        args = ["--root", str(root), option, "", "prune", "--keep", "1"]
+        if option == "--root":
+            args = args[2:]
+        result = ckpt(*args, env={"CKPT_ROOT": str(root)})
+        assert_one_line_error(result, 2)
+        assert f"argument {option}: is empty" in result.stderr
+        assert len(list((root / "pub").iterdir())) == 2  # nothing pruned
+
     def test_config_that_is_not_utf8_exits_2(self, root: Path, tmp_path: Path) -> None:
         """A configuration file that is not UTF-8 is a configuration error naming the file (exit 2)."""
         config = tmp_path / "ckpt.toml"

@@ -203,6 +203,14 @@ def _cmd_demo(ctx: Context) -> int:
     return run_demo(ctx)
 
 
+def _not_empty(value: str) -> str:
+    """An empty ``--root`` or ``--config`` is refused, never taken as absent: ``--root "$UNSET"`` falling
+    through to ``CKPT_ROOT`` would make a prune remove another root's entries (cli.md §2.1)."""
+    if not value:
+        raise argparse.ArgumentTypeError("is empty: give a value or leave the option out")
+    return value
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The whole command line.
 
@@ -214,8 +222,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         prog="ckpt",
         description="Publish and resolve training checkpoints on POSIX and S3, fenced by scheduler epoch.",
     )
-    parser.add_argument("--root", help="checkpoint root: absolute path or s3://BUCKET[/PREFIX] (CKPT_ROOT)")
-    parser.add_argument("--config", help="TOML configuration file (CKPT_CONFIG)")
+    parser.add_argument(
+        "--root", type=_not_empty, help="checkpoint root: absolute path or s3://BUCKET[/PREFIX] (CKPT_ROOT)"
+    )
+    parser.add_argument("--config", type=_not_empty, help="TOML configuration file (CKPT_CONFIG)")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="text", choices=("text", "json"))
