@@ -310,6 +310,42 @@ class TestArguments:
         assert message in result.stderr
         assert "Traceback" not in result.stderr
 
+    # exec/<attempt>/x must fit in the 133 bytes an entry name carries: an attempt of 126 bytes leaves room.
+    @pytest.mark.parametrize(
+        ("args", "shown"),
+        [
+            (["--attempt", "a" * 127], "attempt 'aaaa"),
+            (["--attempt", "\u00e9" * 64], "attempt '\u00e9\u00e9"),  # 128 bytes in 64 characters
+            (["--saves", "exec/" + "s" * 127], "--saves 'exec/ssss"),
+            (["--saves", "/ROOT/exec/" + "s" * 127], "--saves '/ROOT/exec/ssss"),
+        ],
+    )
+    def test_a_folder_whose_saves_could_never_be_published_exits_2_at_start_up(
+        self, root: Path, args: list[str], shown: str
+    ) -> None:
+        """Refused before anything is written, naming the folder, not at the first complete save."""
+        args = [arg.replace("/ROOT", str(root)) for arg in args]
+        result = ckpt(root, "watch", "--framework", "hf", "--once", *args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert shown.replace("/ROOT", str(root)) in result.stderr
+        assert "leaves no room for a save" in result.stderr
+        assert "at most 133" in result.stderr
+        assert not (root / "exec").exists()  # no epoch record either
+
+    def test_an_attempt_with_room_starts_and_its_saves_publish(self, root: Path) -> None:
+        """The boundary: exec/<126 bytes>/x is 133 bytes, so the watch starts; with 115 bytes,
+        exec/<attempt>/checkpoint-1 is 133 bytes and is published."""
+        result = ckpt(root, "watch", "--framework", "hf", "--once", "--attempt", "a" * 126)
+        assert result.returncode == 0, result.stderr
+        attempt = "b" * 115
+        folder = root / "exec" / attempt / "checkpoint-1"
+        folder.mkdir(parents=True)
+        (folder / "trainer_state.json").write_bytes(STATE)
+        result = ckpt(root, "watch", "--framework", "hf", "--once", "--attempt", attempt, "--settle", "0")
+        assert result.returncode == 0, result.stderr
+        assert [e.save for e in PosixStore(str(root)).entries()] == [f"exec/{attempt}/checkpoint-1"]
+
     def test_fractions_are_allowed(self, root: Path) -> None:
         """Seconds may be fractions, such as 0.05 or .5."""
         result = ckpt(

@@ -34,6 +34,9 @@ Rules:
    ``exec/<attempt>/.ckpt-epoch`` (spec/layout.md §8), so that a catch-up at the next start knows the epoch
    of an execution that died before it published anything, within the scan timeout. A record that cannot
    be written is a warning: publishing is the sidecar's job, the record only helps the catch-up.
+9. A saves folder whose shortest possible save (``<folder>/x``) is longer than an entry name can carry
+   (``MAX_SAVE_BYTES``, names.md) is an ``InvalidError`` at start-up: every save there would fail at its
+   first publication, hours later.
 """
 
 from __future__ import annotations
@@ -49,10 +52,10 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ckpt.config import MAX_SECONDS
-from ckpt.domain.entries import Entry, parse_epoch, validate_save
+from ckpt.domain.entries import Entry, exec_save_prefix, parse_epoch, validate_save
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.frameworks import parse_world_size
-from ckpt.domain.names import format_entry_name
+from ckpt.domain.names import MAX_SAVE_BYTES, format_entry_name
 from ckpt.domain.ports import WatchStore
 from ckpt.domain.redaction import redact_url
 from ckpt.stopping import stop_on_signals
@@ -158,22 +161,36 @@ def parse_seconds(text: str, option: str, *, allow_zero: bool) -> float:
 
 
 def saves_location(store: WatchStore, args: argparse.Namespace, environ: Mapping[str, str]) -> str:
-    """The folder to watch: ``--saves`` (under the root), else ``exec_dir`` of the attempt."""
+    """The folder to watch: ``--saves`` (under the root), else ``exec_dir`` of the attempt (rules 1 and 9)."""
     saves: str | None = getattr(args, "saves", None)
     if saves:
         if not (saves.startswith("/") or "://" in saves):
-            return store.location(Entry(0, 0, validate_save(saves.rstrip("/"))))
+            folder = validate_save(saves.rstrip("/"))
+            _require_room(folder, f"--saves {saves!r}")
+            return store.location(Entry(0, 0, folder))
         # Refuse a folder outside the root now, not at the first publication (which may be hours away).
         prefix = store.root.rstrip("/") + "/"
+        shown = redact_url(saves, keep_user=False)
         if not saves.startswith(prefix):
-            shown = redact_url(saves, keep_user=False)
             raise InvalidError(f"--saves {shown!r} is not under the root {store.root}")
-        validate_save(saves[len(prefix) :].rstrip("/"))
+        _require_room(validate_save(saves[len(prefix) :].rstrip("/")), f"--saves {shown!r}")
         return saves.rstrip("/")
     attempt = _attempt(args, environ)
     if attempt is None:
         raise InvalidError("nothing to watch: pass --attempt or --saves, or set DISPATCH_ATTEMPT")
+    _require_room(exec_save_prefix(attempt), f"attempt {attempt!r}")
     return store.exec_dir(attempt)
+
+
+def _require_room(folder: str, what: str) -> None:
+    """Refuse at start-up a folder whose saves could never be published (rule 9): the shortest save inside
+    it, ``<folder>/x``, must fit in an entry name."""
+    shortest = len(folder.encode("utf-8")) + 2
+    if shortest > MAX_SAVE_BYTES:
+        raise InvalidError(
+            f"{what} leaves no room for a save: a save inside {folder!r} takes at least {shortest} bytes, "
+            f"and an entry name carries at most {MAX_SAVE_BYTES}"
+        )
 
 
 def _attempt(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
