@@ -199,9 +199,9 @@ class Markers:
     """The marker files of one save, as read from the store.
 
     ``trainer_state`` is the content of ``trainer_state.json`` (``None`` when absent), or its first bytes when
-    ``trainer_state_end`` is given; ``incomplete_sentinel``
-    whether ``checkpoint-is-incomplete.txt`` is present; ``metadata`` whether ``.metadata`` is present. A rule
-    looks only at its own fields.
+    ``trainer_state_end`` is given; ``incomplete_sentinel`` whether ``checkpoint-is-incomplete.txt`` is
+    present; ``metadata`` whether ``.metadata`` is present; ``rank_states`` the end of each rank's
+    ``rng_state_<i>.pth`` (``None`` where absent). A rule looks only at its own fields.
     """
 
     trainer_state: bytes | None = None
