@@ -128,6 +128,38 @@ def test_a_child_forked_inside_does_not_keep_the_relay_alive() -> None:
     assert out.split("\n")[0] == "left ['MainThread']"
 
 
+def test_in_a_child_forked_inside_a_signal_does_what_it_did_before_and_never_stops_the_parent() -> None:
+    """A forked worker inherits the handler: SIGTERM must end it (the default action), and SIGINT raise
+    KeyboardInterrupt there, as without ckpt; neither may reach the parent's relay. Leaving the block drains
+    the pipe up to the end mark, so ``stop`` tells for certain whether a child wrote to it."""
+    out = run_script(
+        """
+        import os, signal, threading
+        import ckpt
+
+        stop = threading.Event()
+        with ckpt.stop_on_signals(stop):
+            child = os.fork()
+            if child == 0:
+                os.kill(os.getpid(), signal.SIGTERM)
+                os._exit(3)  # not reached: SIGTERM's default action ends the child
+            _, status = os.waitpid(child, 0)
+            print("sigterm", os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)
+            child = os.fork()
+            if child == 0:
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    os._exit(3)
+                except KeyboardInterrupt:
+                    os._exit(4)
+            _, status = os.waitpid(child, 0)
+            print("sigint", os.WIFEXITED(status) and os.WEXITSTATUS(status) == 4)
+        print("parent stopped", stop.is_set())
+        """
+    )
+    assert out.splitlines() == ["sigterm True", "sigint True", "parent stopped False"]
+
+
 def test_outside_the_main_thread_nothing_is_installed() -> None:
     out = run_script(
         """

@@ -33,7 +33,9 @@ def stop_on_signals(
 
     ``announce`` is called with the first signal, before ``stop`` is set, from the relay thread (so it may
     log, which a signal handler must not). Handlers can only be installed from the main thread; elsewhere
-    (an embedder's thread) this does nothing and the caller stops through its own means.
+    (an embedder's thread) this does nothing and the caller stops through its own means. A child forked
+    inside (a DataLoader worker) inherits the handlers but not the relay: there a signal does what the
+    previous handler would have done (SIGTERM's default: the child ends), and never stops this process.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -41,7 +43,13 @@ def stop_on_signals(
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)  # a handler must never block: a full pipe already holds a wake-up
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
+    owner = os.getpid()
+    previous: dict[int, Any] = {}
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:  # a child forked inside (a DataLoader worker): not ours to stop
+            _pass_on(previous.get(signum), signum, frame)
+            return
         with suppress(BlockingIOError):
             os.write(write_end, bytes((signum,)))
 
@@ -59,19 +67,27 @@ def stop_on_signals(
 
     relay_thread = threading.Thread(target=relay, name="ckpt-signal-relay", daemon=True)
     relay_thread.start()
-    previous: dict[signal.Signals, Any] = {}
     try:
         for sig in signals:
             previous[sig] = signal.signal(sig, on_signal)
         yield
     finally:
-        for sig, handler in previous.items():
+        for signum, handler in previous.items():
             if handler is not None:  # None: installed outside Python, which Python cannot put back
-                signal.signal(sig, handler)
-        # No handler writes any more: a blocking write of the end mark cannot race one. An end mark rather
-        # than closing the pipe, because a child forked meanwhile may still hold the write end open.
+                signal.signal(signum, handler)
+        # No handler of this process writes any more: a blocking write of the end mark cannot race one. An
+        # end mark rather than closing the pipe, because a child forked meanwhile still holds the write end.
         os.set_blocking(write_end, True)
         os.write(write_end, bytes((_END,)))
         relay_thread.join()
         os.close(write_end)
         os.close(read_end)
+
+
+def _pass_on(handler: Any, signum: int, frame: FrameType | None) -> None:
+    """In a forked child, do what the handler before ours would have done with the signal."""
+    if callable(handler):
+        handler(signum, frame)
+    elif handler != signal.SIG_IGN:  # the default action (SIG_DFL, or None: set outside Python)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
