@@ -217,13 +217,22 @@ def scrape(url: str) -> tuple[str, dict[str, float]]:
     return content_type, samples
 
 
-def scrape_until(url: str, name: str, wanted: float, timeout: float = 30) -> dict[str, float]:
-    """Scrape until sample ``name`` equals ``wanted`` (the sidecar scans every 0.05 s); return the samples."""
+def scrape_until(url: str, wanted: dict[str, float], timeout: float = 30) -> dict[str, float]:
+    """Scrape (the sidecar scans every 0.05 s) until every sample of ``wanted`` has its value and the scan
+    count agrees with the duration histogram; return the samples of that scrape.
+
+    One scrape is not a snapshot: it can land between two updates of one scan (Prometheus promises no
+    consistency across metrics), so a single scrape is never asserted on for values that change together.
+    """
     deadline = time.monotonic() + timeout
     while True:
         _, samples = scrape(url)
-        if samples.get(name) == wanted or time.monotonic() > deadline:
+        scans = samples.get("ckpt_watch_scans_total")
+        settled = samples.get("ckpt_watch_scan_duration_seconds_count") == scans
+        if settled and all(samples.get(name) == value for name, value in wanted.items()):
             return samples
+        if time.monotonic() > deadline:
+            return samples  # the caller's assertions say what is missing
         time.sleep(0.05)
 
 
@@ -246,8 +255,15 @@ class TestScrapedSidecar:
         (saves / "step-30").mkdir(parents=True)
         (saves / "step-30" / ".metadata").write_bytes(b"m")
         (saves / "step-40").mkdir()  # still being written: no .metadata
-        samples = scrape_until(url, "ckpt_watch_saves_published_total", 1)
-        samples = scrape_until(url, "ckpt_watch_saves_waiting", 1)
+        samples = scrape_until(
+            url,
+            {
+                "ckpt_watch_saves_published_total": 1,
+                "ckpt_watch_last_published_epoch": EPOCH,
+                "ckpt_watch_last_published_step": 30,
+                "ckpt_watch_saves_waiting": 1,
+            },
+        )
         assert samples["ckpt_watch_saves_published_total"] == 1
         assert samples["ckpt_watch_last_published_epoch"] == EPOCH
         assert samples["ckpt_watch_last_published_step"] == 30
@@ -258,7 +274,15 @@ class TestScrapedSidecar:
         assert 0 <= samples["ckpt_watch_seconds_since_last_successful_scan"] < 30
 
         (saves / "step-40" / ".metadata").write_bytes(b"m")
-        samples = scrape_until(url, "ckpt_watch_saves_published_total", 2)
+        samples = scrape_until(
+            url,
+            {
+                "ckpt_watch_saves_published_total": 2,
+                "ckpt_watch_last_published_step": 40,
+                "ckpt_watch_saves_waiting": 0,
+            },
+        )
+        assert samples["ckpt_watch_saves_published_total"] == 2
         assert (samples["ckpt_watch_last_published_step"], samples["ckpt_watch_saves_waiting"]) == (40, 0)
         assert sidecar.stop() == 0
 
