@@ -11,7 +11,8 @@
     python3 dev.py bench         # the benchmark table (benchmarks/README.md)
     python3 dev.py ckpt ARGS...  # any ckpt command from the venv
 
-The venv is reused while pyproject.toml is unchanged (a stamp file records what was installed).
+The venv is reused while pyproject.toml and constraints.txt are unchanged (a stamp file records what was
+installed); every install is pinned to constraints.txt, the versions CI tested.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def ensure_venv(extras: str = "") -> None:
         sys.exit(f"ckpt needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     plugins = _TEST_PLUGINS if "test" in extras.split(",") else ()
     hashed = b""
-    for project in (".", *plugins):
-        with open(os.path.join(HERE, project, "pyproject.toml"), "rb") as f:
+    for path in ("constraints.txt", *(os.path.join(p, "pyproject.toml") for p in (".", *plugins))):
+        with open(os.path.join(HERE, path), "rb") as f:
             hashed += f.read()
     digest = hashlib.sha256(hashed + extras.encode()).hexdigest()[:16]
     stamp = os.path.join(VENV, f".ckpt-installed-{digest}")
@@ -59,6 +60,7 @@ def ensure_venv(extras: str = "") -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     target = f".[{extras}]" if extras else "."
     pip = [os.path.join(BIN, "python"), "-m", "pip", "--disable-pip-version-check"]
+    pinned = ["-c", os.path.join(HERE, "constraints.txt")]  # the tested versions (constraints.txt)
     # Until 0.1.0 the distribution was called "ckpt" (a name that belongs to another project on the package
     # index). A venv made then still holds it, and it owns the same package and `ckpt` script; its egg-info
     # in src/ is found on the editable path too. Remove both before installing ckpt-log, so that exactly
@@ -66,10 +68,10 @@ def ensure_venv(extras: str = "") -> None:
     if glob.glob(os.path.join(VENV, "lib", "python*", "site-packages", "ckpt-*.dist-info")):
         _run(*pip, "uninstall", "--yes", "--quiet", "ckpt")
     shutil.rmtree(os.path.join(HERE, "src", "ckpt.egg-info"), ignore_errors=True)
-    if _run(*pip, "install", "--quiet", "-e", target) != 0:
+    if _run(*pip, "install", "--quiet", *pinned, "-e", target) != 0:
         sys.exit("installing ckpt into .venv failed")
     for plugin in plugins:  # real installed packages, so the tests load them through their entry points
-        if _run(*pip, "install", "--quiet", "-e", plugin) != 0:
+        if _run(*pip, "install", "--quiet", *pinned, "-e", plugin) != 0:
             sys.exit(f"installing the test plugin {plugin} into .venv failed")
     open(stamp, "w").close()
 
@@ -103,7 +105,11 @@ def fuzz(args: list[str]) -> int:
                 except subprocess.TimeoutExpired:
                     out_of_time = True
                     child.send_signal(signal.SIGINT)
-                    code = child.wait()
+                    try:  # pytest writes its report and ends; one that does not is killed, not waited for
+                        code = child.wait(timeout=120)
+                    except subprocess.TimeoutExpired:
+                        child.kill()
+                        code = child.wait()
         finally:
             signal.signal(signal.SIGINT, previous)
         findings = fuzz_findings(report) if os.path.exists(report) else []

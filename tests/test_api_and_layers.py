@@ -137,7 +137,7 @@ class TestLayers:
             [str(lint), "--config", str(SRC.parent.parent / "pyproject.toml"), "--no-cache"],
             capture_output=True,
             text=True,
-            check=False,
+            check=False, timeout=300,
         )
         assert result.returncode == 0, result.stdout[-2000:]
         assert "0 broken" in result.stdout
@@ -163,5 +163,7 @@ class TestLayers:
             f"main(['--root', {str(tmp_path)!r}, 'resolve'])\n"
             f"print([m for m in {NOT_IMPORTED_BY_POSIX_RESOLVE!r} if m in sys.modules])\n"
         )
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        ).stdout
         assert out.strip() == "[]"

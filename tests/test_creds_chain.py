@@ -123,7 +123,9 @@ class TestPackage:
             "ckpt.creds.chain_from_config([{'source': 'env'}, {'source': 'aws-default'}])\n"
             "print(sorted(m for m in ('botocore', 'boto3', 'hvac', 'requests') if m in sys.modules))"
         )
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        )
         assert result.stdout.strip() == "[]"
 
 

@@ -790,7 +790,9 @@ class TestProxiesMapping:
     def test_the_adapter_module_imports_no_client_library(self) -> None:
         """Importing ckpt.adapters.proxy imports neither requests nor botocore."""
         code = "import sys, ckpt.adapters.proxy; print(sorted({'requests', 'botocore'} & set(sys.modules)))"
-        completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        completed = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        )
         assert completed.stdout.strip() == "[]"
 
 

@@ -251,6 +251,7 @@ class TestDurability:
             ],
             check=True,
             capture_output=True,
+            timeout=120,
         )
         calls = [line for line in log.read_text().splitlines() if "fsync(" in line and "= 0" in line]
         assert len(calls) == 3, calls

@@ -279,6 +279,7 @@ class TestHuggingFaceTrainerTwoRanks:
                 capture_output=True,
                 text=True,
                 check=True,
+                timeout=120,
             )
             assert [e["step"] for e in json.loads(watched.stdout)["published"]] == expected, watched.stderr
 

@@ -863,5 +863,7 @@ class TestMakeS3Client:
     def test_importing_the_adapter_imports_no_vendor_library(self) -> None:
         """boto3 and botocore are imported when a store is opened, never when the module is imported."""
         code = "import sys, ckpt.adapters.s3; print(sorted(m for m in sys.modules if m.startswith('boto')))"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        )
         assert out.stdout.strip() == "[]"

@@ -180,6 +180,7 @@ class TestResolveCommand:
             capture_output=True,
             text=True,
             check=False,
+            timeout=120,
         )
 
     def test_world_size_skips_a_save_missing_a_rank(self, tmp_path: Path) -> None:

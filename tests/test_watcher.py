@@ -714,6 +714,7 @@ class TestWatchCommandWorldSize:
             capture_output=True,
             text=True,
             check=False,
+            timeout=120,
         )
 
     def test_option_beats_the_environment(self, tmp_path: Path) -> None:

@@ -30,6 +30,17 @@ from support.s3 import (
     serve_moto,
 )
 
+# -- the machine's own settings do not leak into the tests -------------------------------------------------
+
+# A runner inside a distributed job (or a shell left with them) would change what the sidecars under test do:
+# `ckpt watch` takes its world size from WORLD_SIZE, and the integrations read the launcher's rank variables.
+# Tests that want them set them for their own processes.
+for _name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"):
+    os.environ.pop(_name, None)
+# Secret files written by the tests must be private, as the credential sources demand: under a umask of 002
+# (common for a non-root user) they would be group-writable and rightly refused.
+os.umask(0o022)
+
 # Every run is deterministic unless asked otherwise: `--hypothesis-profile=fuzz` (python3 dev.py fuzz) is
 # loaded after this, in hypothesis' pytest_configure, and replaces it. See tests/support/fuzzing.py.
 register_profiles()
