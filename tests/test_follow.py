@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -336,6 +337,32 @@ class TestCommand:
             f"not-latest 1 900 {root.location(ZOMBIE)}",
         ]
         assert not any(line.startswith("ckpt: ") for line in following.err), following.err
+
+    def test_a_reader_that_goes_away_ends_it_quietly_with_141(self, root: PosixStore, tmp_path: Path) -> None:
+        """`ckpt follow | head -1`: the next line finds the pipe closed; no error line, no traceback, exit 141
+        as a shell shows a writer that SIGPIPE ended (errors.md §2.1)."""
+        _publish(root, OLD)
+        stderr = tmp_path / "stderr"
+        with stderr.open("w") as err:
+            process = subprocess.Popen(
+                [*CKPT, "--root", root.root, "follow", "--interval", "0.05", "--from-start"],
+                stdout=subprocess.PIPE, stderr=err, text=True, env=environment(),
+            )  # fmt: skip
+        try:
+            assert process.stdout is not None
+            assert select.select([process.stdout], [], [], 30)[0], "no first line within 30 s"
+            assert process.stdout.readline().startswith("latest 2 100 ")  # `head -1` reads one line ...
+            process.stdout.close()  # ... and exits
+            _publish(root, NEW)
+            assert process.wait(timeout=30) == 141, stderr.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            if process.stdout is not None and not process.stdout.closed:
+                process.stdout.close()
+        lines = stderr.read_text().splitlines()
+        assert [line for line in lines if " info following " not in line] == []  # only the start-up record
 
     def test_json_lines_from_the_start(self, root: PosixStore, running: Any) -> None:
         """--json --from-start prints one JSON document per entry, already published ones first."""

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["Context", "main"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOTHING, EXIT_EXISTS, EXIT_MALFORMED = 0, 1, 2, 3, 4, 5
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell shows for a writer whose reader went away
 
 
 # Rule 2: what would break an error line or hide in it: C0 and C1 controls (newline, carriage return,
@@ -345,6 +346,13 @@ def main(
     except CkptError as exc:
         ctx.warn(str(exc))
         return EXIT_FAILURE
+    except BrokenPipeError:
+        # The reader of our output went away (`ckpt follow | head -1`): nobody is left to tell. End as a shell
+        # shows a process that SIGPIPE ended, with no error line, and keep the interpreter's final flush of
+        # stdout from complaining on stderr (errors.md §2.1).
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except OSError as exc:
         ctx.warn(f"{exc.strerror or exc}" + (f": {exc.filename!r}" if exc.filename else ""))
         return EXIT_FAILURE
