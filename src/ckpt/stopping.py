@@ -73,8 +73,9 @@ def stop_on_signals(
         yield
     finally:
         for signum, handler in previous.items():
-            if handler is not None:  # None: installed outside Python, which Python cannot put back
-                signal.signal(signum, handler)
+            # None: a handler installed outside Python, which Python cannot put back; the default action
+            # is the nearest, and ours must not stay behind a closed pipe.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         # No handler of this process writes any more: a blocking write of the end mark cannot race one. An
         # end mark rather than closing the pipe, because a child forked meanwhile still holds the write end.
         os.set_blocking(write_end, True)
