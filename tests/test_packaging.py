@@ -17,9 +17,12 @@ import ckpt
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DISTRIBUTION = "ckpt-log"
 
-# `pip install [options] REQUIREMENT...` as written in prose, code blocks and messages; the requirement is
-# everything up to the next quote-free whitespace, backtick or closing parenthesis.
-_PIP_INSTALL = re.compile(r"pip3? install(?:\s+-{1,2}[\w-]+)*\s+(?P<requirement>'[^']*'|\"[^\"]*\"|[^\s`)]+)")
+# `pip install [options] REQUIREMENT...` as written in prose, code blocks and messages (options are flags,
+# or a constraints file: `-c FILE`); the requirement is everything up to the next quote-free whitespace,
+# backtick or closing parenthesis.
+_PIP_INSTALL = re.compile(
+    r"pip3? install(?:\s+(?:-c\s+\S+|-{1,2}[\w-]+))*\s+(?P<requirement>'[^']*'|\"[^\"]*\"|[^\s`)]+)"
+)
 
 
 def _install_lines() -> list[tuple[str, str]]:
