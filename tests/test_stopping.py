@@ -79,6 +79,7 @@ def test_afterwards_the_handlers_thread_and_pipe_are_gone() -> None:
             print("mine", signum)
 
         signal.signal(signal.SIGTERM, mine)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # not inherited SIG_IGN (a background job)
         fds = sorted(os.listdir("/proc/self/fd"))
         stop = threading.Event()
         with ckpt.stop_on_signals(stop):
@@ -137,6 +138,9 @@ def test_in_a_child_forked_inside_a_signal_does_what_it_did_before_and_never_sto
         import os, signal, threading
         import ckpt
 
+        # What the child falls back to, whatever this process inherited (a background job ignores SIGINT).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         stop = threading.Event()
         with ckpt.stop_on_signals(stop):
             child = os.fork()
