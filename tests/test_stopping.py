@@ -10,8 +10,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
+
+import ckpt
 
 # A generous bound for a process that should end in well under a second; reached only by a hang.
 TIMEOUT = 60
@@ -182,3 +185,38 @@ def test_outside_the_main_thread_nothing_is_installed() -> None:
         """
     )
     assert out.splitlines() == ["default True", "threads 2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        ((None,), "stop"),
+        ((threading.Event(), ["SIGTERM"]), "signals"),
+        ((threading.Event(), "SIGTERM"), "signals"),
+        ((threading.Event(),), "announce"),
+    ],
+)
+def test_wrong_arguments_are_refused_on_entry(args: tuple[object, ...], named: str) -> None:
+    """A wrong type is an InvalidTypeError naming the argument, before any handler is installed."""
+    extra = {"announce": "log it"} if named == "announce" else {}
+    with pytest.raises(ckpt.InvalidTypeError, match=named), ckpt.stop_on_signals(*args, **extra):  # type: ignore[arg-type]
+        pass
+
+
+def test_a_failing_announce_still_stops() -> None:
+    """The relay sets ``stop`` even when the caller's callback raises (the error goes to stderr)."""
+    out = run_script(
+        """
+        import os, signal, threading
+        import ckpt
+
+        def broken(_signum):
+            raise RuntimeError("announce failed")
+
+        stop = threading.Event()
+        with ckpt.stop_on_signals(stop, announce=broken):
+            os.kill(os.getpid(), signal.SIGTERM)
+            print("stopped", stop.wait(30))
+        """
+    )
+    assert out.split() == ["stopped", "True"]

@@ -18,6 +18,9 @@ from contextlib import contextmanager, suppress
 from types import FrameType
 from typing import Any
 
+from ckpt.domain.arguments import require_instance, require_items
+from ckpt.domain.errors import InvalidTypeError
+
 # Not a signal number: written once on the way out, it ends the relay thread.
 _END = 0
 
@@ -37,6 +40,11 @@ def stop_on_signals(
     inside (a DataLoader worker) inherits the handlers but not the relay: there a signal does what the
     previous handler would have done (SIGTERM's default: the child ends), and never stops this process.
     """
+    require_instance(stop, threading.Event, "stop")
+    if announce is not None and not callable(announce):
+        raise InvalidTypeError(f"announce must be callable, got {type(announce).__name__} {announce!r}")
+    callback = announce
+    wanted = require_items(signals, signal.Signals, "signals")
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -59,16 +67,18 @@ def stop_on_signals(
             for signum in chunk:
                 if signum == _END:
                     return
-                if announce is not None and not stop.is_set():
-                    announce(signal.Signals(signum))
-                stop.set()
+                try:
+                    if callback is not None and not stop.is_set():
+                        callback(signal.Signals(signum))
+                finally:  # a failing callback must not leave the process deaf to the signal
+                    stop.set()
             if not chunk:
                 return
 
     relay_thread = threading.Thread(target=relay, name="ckpt-signal-relay", daemon=True)
     relay_thread.start()
     try:
-        for sig in signals:
+        for sig in wanted:
             previous[sig] = signal.signal(sig, on_signal)
         yield
     finally:
