@@ -388,3 +388,44 @@ class TestHostileArguments:
         assert result.returncode == 0, result.stderr
         lines = [json.loads(line.decode("utf-8")) for line in result.stderr.splitlines()]
         assert any(os.fsdecode(root) in line["message"] for line in lines)
+
+
+class TestGlobalOptionsAfterTheCommand:
+    """cli.md §2.4: the global options are accepted after the command as well, the later one winning."""
+
+    def test_root_and_json_after_the_command(self, root: Path) -> None:
+        """``publish ... --root R`` and ``entries --json --root R`` act on R as they do before the command."""
+        rel = save(root, "exec/a/ck-5")
+        published = ckpt("publish", "--epoch", "1", "--step", "5", rel, "--root", str(root))
+        assert published.returncode == 0, published.stderr
+        listed = ckpt("entries", "--json", "--root", str(root))
+        assert listed.returncode == 0, listed.stderr
+        found = [(e["epoch"], e["step"], e["save"]) for e in json.loads(listed.stdout)]
+        assert found == [(1, 5, "exec/a/ck-5")]
+
+    def test_the_option_after_the_command_wins(self, tmp_path: Path, root: Path) -> None:
+        """Given before and after the command, the value after it is the one used."""
+        other = tmp_path / "other"
+        other.mkdir()
+        ckpt("--root", str(root), "publish", "--epoch", "1", "--step", "7", save(root, "exec/a/ck-7"))
+        after = ckpt("--root", str(other), "resolve", "--root", str(root))
+        assert (after.returncode, after.stdout) == (0, f"{root}/exec/a/ck-7\n"), after.stderr
+        before_only = ckpt("--root", str(other), "resolve")
+        assert_one_line_error(before_only, 3)
+
+    def test_an_option_left_out_after_the_command_keeps_the_one_before(self, root: Path) -> None:
+        """``--json`` before the command still holds when the command repeats only ``--root``."""
+        result = ckpt("--json", "entries", "--root", str(root))
+        assert (result.returncode, json.loads(result.stdout)) == (0, [])
+
+    def test_an_empty_root_after_the_command_is_a_usage_error(self, root: Path) -> None:
+        """``--root ''`` after the command is refused as before it (cli.md §2.1), never taken as absent."""
+        result = ckpt("--root", str(root), "entries", "--root", "", env={"CKPT_ROOT": str(root)})
+        assert_one_line_error(result, 2)
+        assert "argument --root: is empty" in result.stderr
+
+    def test_log_options_after_the_command_are_checked(self, root: Path) -> None:
+        """A bad ``--log-level`` after the command is a usage error naming the option."""
+        result = ckpt("entries", "--root", str(root), "--log-level", "loud")
+        assert_one_line_error(result, 2)
+        assert "argument --log-level: invalid choice: 'loud'" in result.stderr

@@ -223,13 +223,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         prog="ckpt",
         description="Publish and resolve training checkpoints on POSIX and S3, fenced by scheduler epoch.",
     )
-    parser.add_argument(
-        "--root", type=_not_empty, help="checkpoint root: absolute path or s3://BUCKET[/PREFIX] (CKPT_ROOT)"
-    )
-    parser.add_argument("--config", type=_not_empty, help="TOML configuration file (CKPT_CONFIG)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    parser.add_argument("--log-format", default="text", choices=("text", "json"))
+    _add_global_options(parser, defaults=True)
     parser.add_argument("--version", action=_ShowVersion, nargs=0, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
@@ -291,7 +285,29 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--s3", action="store_true", help="run the demo against an embedded S3 server (moto)")
     p.add_argument("--keep-root", action="store_true", help="leave the temporary root in place afterwards")
     p.set_defaults(handler=_cmd_demo)
+    # Global options are accepted after the command too (cli.md §2.4): a command's parser knows them with no
+    # default, so a value given there replaces the one given before the command, and none leaves it alone.
+    # Only the parser of a command the arguments name pays for it (rule 4).
+    for name, command in commands.choices.items():
+        if wanted is None or name in wanted:
+            _add_global_options(command, defaults=False)
     return parser
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """Add the global options (cli.md §2) to ``parser``; without ``defaults``, one left out sets nothing."""
+    unset: dict[str, Any] = {} if defaults else {"default": argparse.SUPPRESS}
+    parser.add_argument(
+        "--root",
+        type=_not_empty,
+        help="checkpoint root: absolute path or s3://BUCKET[/PREFIX] (CKPT_ROOT)",
+        **unset,
+    )
+    parser.add_argument("--config", type=_not_empty, help="TOML configuration file (CKPT_CONFIG)", **unset)
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout", **unset)
+    levels, formats = ("debug", "info", "warning", "error"), ("text", "json")
+    parser.add_argument("--log-level", choices=levels, **({"default": "info"} if defaults else unset))
+    parser.add_argument("--log-format", choices=formats, **({"default": "text"} if defaults else unset))
 
 
 # Command modules with their own ``register(subparsers)`` and ``run(ctx)``; they import their heavy
