@@ -209,6 +209,8 @@ def recheck_folders(
     >>> check = recheck_folders(["exec/a/ck-1", "exec/a/ck-2"], ["exec/b"], ["exec/a/ck-2"])
     >>> check.remove, [folder for folder, _ in check.skipped]
     (('exec/a/ck-1', 'exec/b'), ['exec/a/ck-2'])
+    >>> recheck_folders(["exec/a/ck-1"], [], [], also_needed=lambda folder: True).skipped
+    (('exec/a/ck-1', 'is the folder of a remaining entry by another path (never removed)'),)
     """
     needed = Overlap(saves)
     planned_set = set(planned)
