@@ -219,7 +219,7 @@ class CheckpointStore:
         )
         # Before the journal, so that the journal, a dry run and the result agree (§5.11).
         needed = self._physically_needed((k.entry.save for k in retention.kept), pins, (*plan.folders, *left))
-        aliased = tuple(f for f in (*plan.folders, *left) if needed is not None and needed(f))
+        aliased = {f for f in (*plan.folders, *left) if needed is not None and needed(f)}
         planned = tuple(f for f in plan.folders if f not in aliased)
         left = tuple(f for f in left if f not in aliased)
         early = [SkippedFolder(self._locator.location(f), SKIP_ANOTHER_PATH) for f in sorted(aliased)]
