@@ -155,6 +155,21 @@ class TestLinkedSave:
         assert resolved_folder(root) == root / execution / "ck-7"
 
 
+class TestLinkedSingleFileSave:
+    def test_a_last_ckpt_link_keeps_the_file_it_points_to(self, root: Path) -> None:
+        """Lightning's ``last.ckpt`` as a link to ``epoch=1.ckpt``: pruning the older entry keeps the file."""
+        (root / "exec" / "a").mkdir(parents=True)
+        (root / "exec" / "a" / "epoch=1.ckpt").write_bytes(b"weights")
+        os.symlink("epoch=1.ckpt", root / "exec" / "a" / "last.ckpt")
+        publish(root, 1, "exec/a/epoch=1.ckpt")
+        publish(root, 2, "exec/a/last.ckpt")
+        dry, done = prune_twice(root)
+        assert skipped(dry) == skipped(done) == {f"{root}/exec/a/epoch=1.ckpt": SKIP_ANOTHER_PATH}
+        assert (root / "exec" / "a" / "last.ckpt").read_bytes() == b"weights"
+        resolved = ckpt(root, "resolve")
+        assert resolved.stdout == f"{root}/exec/a/last.ckpt\n", resolved.stderr
+
+
 class TestLinkedFolderInsideASave:
     def test_pruning_the_save_removes_the_link_as_a_name_and_the_kept_save_survives(self, root: Path) -> None:
         """ck-1 holds links into the kept ck-2: ck-1 goes, links as names; ck-2 (where they point) stays."""
