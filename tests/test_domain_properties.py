@@ -44,7 +44,7 @@ from ckpt.domain.names import (
     parse_entry_name,
     parse_entry_names,
 )
-from ckpt.domain.prune import Overlap, overlaps, plan_prune
+from ckpt.domain.prune import Overlap, PhysicalOverlap, overlaps, plan_prune
 from support.fuzzing import fuzz_settings
 from support.strategies import (
     ASCII_CONTROLS,
@@ -387,6 +387,17 @@ class TestOverlap:
         """The same on arbitrary valid saves (rarely overlapping, but with arbitrary characters)."""
         expected = any(naive_overlap(folder, e.save) for e in listing)
         assert Overlap(e.save for e in listing)(folder) is expected
+
+    @given(folder=tree_paths, listing=st.lists(tree_entries, max_size=8))
+    def test_physical_without_aliases_is_lexical(self, folder: str, listing: list[Entry]) -> None:
+        """With every path its own identity (no link, no bind mount), ``PhysicalOverlap`` is ``Overlap``."""
+
+        def chain(path: str) -> tuple[str, ...]:
+            parts = elements_of(path)
+            return (*("/".join(parts[:n]) for n in range(len(parts), 0, -1)), "")
+
+        expected = any(naive_overlap(folder, e.save) for e in listing)
+        assert PhysicalOverlap(chain(e.save) for e in listing)(chain(folder)) is expected
 
 
 class TestPlanPrune:

@@ -130,15 +130,33 @@ def nth(steps: list[Step], index: int) -> int:
     return sum(1 for s in steps[: index + 1] if s.operation == steps[index].operation)
 
 
+# The stat of each ancestor of the root up to /, as many as the root is deep here: one step in the lists.
+ABOVE_ROOT = "<above-root>"
+
+
 def recorded(calls: list[Call]) -> list[tuple[str, str]]:
-    """Recorded calls with the entry and journal names written as placeholders."""
-    out = []
+    """Recorded calls with the entry and journal names written as placeholders, and the stats of the
+    root's ancestors (targets ``..``, ``../..``, ...) as one :data:`ABOVE_ROOT` step."""
+    out: list[tuple[str, str]] = []
     for operation, target in calls:
         written = re.sub(re.escape(JOURNAL_PREFIX) + "[0-9a-f]+", "<journal>", target)
         for placeholder, name in PLACEHOLDERS.items():
             written = written.replace(name, placeholder)
+        if operation == "stat" and written.split("/")[0] == "..":
+            if out[-1] == ("stat", ABOVE_ROOT):
+                continue
+            written = ABOVE_ROOT
         out.append((operation, written))
     return out
+
+
+def call_number(steps: list[Step], index: int, root: Path) -> int:
+    """Which call of its operation step ``index`` is, counting each :data:`ABOVE_ROOT` step as the stats it
+    stands for (one per ancestor of the root); for that step itself, the first of them."""
+    above = len(Path(os.path.realpath(root)).parents)
+    step = steps[index]
+    expanded = sum(1 for s in steps[:index] if (s.operation, s.target) == (step.operation, ABOVE_ROOT))
+    return nth(steps, index) + expanded * (above - 1)
 
 
 def absolute(root: Path, target: str) -> str:
@@ -311,6 +329,16 @@ PRUNE_CALLS = """
     scandir .
     readdir .
     close .
+    realpath exec/a/ck-3            two spellings (§5.11): each kept save and candidate resolved and
+    stat exec/a/ck-3                identified, with every ancestor up to / (each once)
+    stat exec/a
+    stat exec
+    stat .
+    stat <above-root>
+    realpath exec/a/ck-1
+    stat exec/a/ck-1
+    realpath exec/a/ck-2
+    stat exec/a/ck-2
     open .                          the journal of this prune: created, written, synced, and the root synced
     open <journal>
     write <journal>
@@ -328,6 +356,16 @@ PRUNE_CALLS = """
     scandir pub
     readdir pub
     close pub
+    realpath exec/a/ck-3            the re-check, again   : each kept save and candidate resolved and
+    stat exec/a/ck-3                identified, with every ancestor up to / (each once)
+    stat exec/a
+    stat exec
+    stat .
+    stat <above-root>
+    realpath exec/a/ck-1
+    stat exec/a/ck-1
+    realpath exec/a/ck-2
+    stat exec/a/ck-2
     open .                          the folders, removed relative to one descriptor of the root
     open exec                       ck-1: every element opened with O_NOFOLLOW
     open exec/a
@@ -435,7 +473,7 @@ class TestPruneSteps:
         before = build_prune_root(root, outside)
         sentinel = tree(outside)
         calls = FaultySyscalls(str(root))
-        calls.fail(step.operation, nth(PRUNE_STEPS, index), err)
+        calls.fail(step.operation, call_number(PRUNE_STEPS, index, root), err)
         store = PosixStore(str(root), syscalls=calls)
         if step.operation == "close" and step.target != "<journal>":
             store.prune(1)  # closing a descriptor that was only read loses nothing
@@ -484,7 +522,8 @@ class TestPruneSteps:
         before = build_prune_root(root, outside)
         calls = FaultySyscalls(str(root))
         result = PosixStore(str(root), syscalls=calls).prune(1, dry_run=True)
-        assert {c.operation for c in calls.calls} <= {"open", "scandir", "readdir", "close"}
+        reads = {"open", "scandir", "readdir", "close", "realpath", "stat"}  # realpath, stat: §5.11
+        assert {c.operation for c in calls.calls} <= reads
         assert result.removed_folders == (f"{root}/exec/a/ck-1", f"{root}/exec/a/ck-2")
         assert tree(root) == before
 

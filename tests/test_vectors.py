@@ -30,7 +30,7 @@ from ckpt.domain.entries import (
 from ckpt.domain.errors import InvalidError, MalformedError
 from ckpt.domain.journal import format_journal, parse_journal
 from ckpt.domain.names import format_entry_name, latest_entry_of_names, parse_entry_name, parse_entry_names
-from ckpt.domain.prune import Overlap, overlaps, plan_prune, recheck_folders
+from ckpt.domain.prune import Overlap, PhysicalOverlap, overlaps, plan_prune, recheck_folders
 from ckpt.domain.s3_root import parse_s3_root
 
 Case = dict[str, Any]
@@ -43,6 +43,7 @@ VECTOR_FILES = (
     "attempts",
     "order",
     "overlap",
+    "overlap_physical",
     "prune",
     "prune_recheck",
     "journal",
@@ -445,6 +446,17 @@ class TestOverlap:
         """The reusable ``Overlap`` index answers the same."""
         index = Overlap(e["save"] for e in case["entries"])
         assert index(case["folder"]) is case["expected"]
+
+
+class TestPhysicalOverlap:
+    """``PhysicalOverlap`` on ``overlap_physical.json``."""
+
+    @pytest.mark.parametrize("case", cases("overlap_physical"))
+    def test_physical_overlap(self, case: Case) -> None:
+        """A candidate's chain overlaps the needed chains exactly when the vector says."""
+        needed = PhysicalOverlap(None if chain is None else tuple(chain) for chain in case["needed"])
+        folder = None if case["folder"] is None else tuple(case["folder"])
+        assert needed(folder) is case["expected"]
 
 
 class TestPlanPrune:

@@ -29,7 +29,7 @@ __all__ = ["OPERATIONS", "Call", "FaultySyscalls"]
 # (counted once per listing, when its first entry is asked for).
 OPERATIONS = frozenset(
     {"open", "close", "fsync", "read", "write", "mkdir", "rename", "unlink", "rmdir", "scandir", "readdir"}
-    | {"stat", "lstat", "fstat"}
+    | {"stat", "lstat", "fstat", "realpath"}
 )
 
 
@@ -200,6 +200,15 @@ class FaultySyscalls(Syscalls):
         fault = self._enter("fstat", target, fd)
         result = os.fstat(fd)
         self._leave(fault, fd)
+        return result
+
+    def realpath(self, path: str) -> str:
+        """``os.path.realpath(path, strict=True)``, recorded as one call (the lstat and readlink calls it
+        makes inside are not the store's own)."""
+        target = self._label(path)
+        fault = self._enter("realpath", target, path)
+        result = os.path.realpath(path, strict=True)
+        self._leave(fault, path)
         return result
 
 

@@ -20,7 +20,9 @@ Rules this module keeps:
    there. Otherwise write a journal listing every folder about to go, remove the planned entries, read the
    entries again, re-check the folders against them (``recheck_folders``), remove what is still to go in
    one batch, report the skips, and drop the journals. A failure after the journal is written leaves it,
-   and the next prune finishes the job (docs/adr/0004-prune-safety.md).
+   and the next prune finishes the job (docs/adr/0004-prune-safety.md). Where the tree can tell a folder's
+   physical identity (:class:`~ckpt.domain.ports.IdentifiesFolders`: POSIX), a candidate another spelling
+   of a needed save reaches is kept, both before the journal and in the re-check (docs/adr/0019).
 4. The watcher's reads take locations under the root only and file names that stay inside the save
    (``ckpt.domain.saves``); the markers are regular files, read with a size cap (``MAX_READ_BYTES``).
    ``sync_save`` checks the location and, when the tree can sync (:class:`~ckpt.domain.ports.SyncsSaves`:
@@ -29,7 +31,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,7 @@ from ckpt.domain.names import LatestEntryScan, format_entry_name, latest_entry_o
 from ckpt.domain.ports import (
     FileInfo,
     Folder,
+    IdentifiesFolders,
     PruneJournal,
     PruneResult,
     PublicationLog,
@@ -64,7 +67,7 @@ _MAX_REFUSED_IN_MESSAGE = 10
 class CheckpointStore:
     """A checkpoint root: the public ``WatchStore``, over one store's small ports."""
 
-    __slots__ = ("_chunks", "_journal", "_locator", "_log", "_pins", "_syncs", "_tree")
+    __slots__ = ("_chunks", "_identifies", "_journal", "_locator", "_log", "_pins", "_syncs", "_tree")
 
     def __init__(
         self,
@@ -82,6 +85,7 @@ class CheckpointStore:
         # Decided once (an isinstance check on a runtime protocol is not free): rule 2 and rule 4.
         self._chunks = log if isinstance(log, ScansNameChunks) else None
         self._syncs = tree if isinstance(tree, SyncsSaves) else None
+        self._identifies = tree if isinstance(tree, IdentifiesFolders) else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.root!r})"
@@ -195,7 +199,7 @@ class CheckpointStore:
         after the removals, and an entry pinned meanwhile is put back (``ckpt.application.pins`` rule 2).
         """
         from ckpt.application.pins import pinned_entries
-        from ckpt.domain.prune import Overlap, leftover_folders, recheck_folders
+        from ckpt.domain.prune import SKIP_ANOTHER_PATH, Overlap, leftover_folders, recheck_folders
         from ckpt.domain.retention import SKIP_PINNED, plan_retention
 
         require_int(keep, "keep")
@@ -213,12 +217,18 @@ class CheckpointStore:
             for f in leftover_folders(plan, (f for name, data in journals for f in parse_journal(name, data)))
             if not pinned_saves(f)
         )
+        # Before the journal, so that the journal, a dry run and the result agree (§5.11).
+        needed = self._physically_needed((k.entry.save for k in retention.kept), pins, (*plan.folders, *left))
+        aliased = {f for f in (*plan.folders, *left) if needed is not None and needed(f)}
+        planned = tuple(f for f in plan.folders if f not in aliased)
+        left = tuple(f for f in left if f not in aliased)
+        early = [SkippedFolder(self._locator.location(f), SKIP_ANOTHER_PATH) for f in sorted(aliased)]
         if dry_run:
-            folders = tuple(self._locator.location(f) for f in (*plan.folders, *left))
-            return PruneResult(plan.remove, folders, (), dry_run=True, kept=retention.kept)
+            folders = tuple(self._locator.location(f) for f in (*planned, *left))
+            return PruneResult(plan.remove, folders, tuple(early), dry_run=True, kept=retention.kept)
         journal = None
-        if self._journal is not None and (plan.folders or left):
-            journal = self._journal.write_journal(format_journal((*plan.folders, *left)))
+        if self._journal is not None and (planned or left):
+            journal = self._journal.write_journal(format_journal((*planned, *left)))
         removed_names = set(self._log.remove([format_entry_name(e) for e in plan.remove]))
         # Read again: an entry published or pinned since the plan was made still protects its folder, and
         # an entry this prune removed that is pinned now is put back (ckpt.application.pins rule 2).
@@ -228,8 +238,12 @@ class CheckpointStore:
             self._log.create(format_entry_name(entry))
         removed = tuple(e for e in plan.remove if format_entry_name(e) in removed_names and e not in restored)
         pinned_now = Overlap(p.save for p in pins)
+        saves_now = [e.save for e in self.entries()]
         check = recheck_folders(
-            plan.folders, left, [*(e.save for e in self.entries()), *(p.save for p in pins)]
+            planned,
+            left,
+            [*saves_now, *(p.save for p in pins)],
+            self._physically_needed(saves_now, pins, (*planned, *left)),
         )
         check = attrs.evolve(
             check,
@@ -239,7 +253,7 @@ class CheckpointStore:
             outcomes = self._tree.remove_saves(check.remove) if check.remove else []
         except StorageError as exc:
             raise _with_journal_note(exc, journal) from exc
-        skipped = [SkippedFolder(self._locator.location(f), why) for f, why in check.skipped]
+        skipped = [*early, *(SkippedFolder(self._locator.location(f), why) for f, why in check.skipped)]
         removed_folders: list[str] = []
         refused: list[tuple[str, str]] = []
         for outcome in outcomes:
@@ -260,6 +274,21 @@ class CheckpointStore:
         if self._journal is not None and (journals or journal):
             self._journal.drop_journals([*(name for name, _ in journals), *([journal] if journal else [])])
         return PruneResult(removed, tuple(removed_folders), tuple(skipped), kept=retention.kept)
+
+    def _physically_needed(
+        self, saves: Iterable[str], pins: Iterable[Entry], folders: Sequence[str]
+    ) -> Callable[[str], bool] | None:
+        """Return whether a candidate among ``folders`` physically is, contains or lies inside one of
+        ``saves`` or a pin's save (``ckpt.domain.prune`` rule 5); None when the tree cannot tell or there is
+        no candidate."""
+        from ckpt.domain.prune import PhysicalOverlap
+
+        if self._identifies is None or not folders:
+            return None
+        needed = list(dict.fromkeys([*saves, *(p.save for p in pins)]))
+        chains = self._identifies.physical_chains(list(dict.fromkeys([*needed, *folders])))
+        overlap = PhysicalOverlap(chains[s] for s in needed)
+        return lambda folder: overlap(chains[folder])
 
     # -- what the watcher needs ------------------------------------------------------------------------
 

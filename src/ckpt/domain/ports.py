@@ -8,7 +8,8 @@ Two kinds of port live here:
 * The small store ports a storage technology implements: :class:`PublicationLog` (the names in ``pub/``),
   :class:`SaveTree` (the saves' folders and files) and, optionally, :class:`PruneJournal` (the prune's control
   objects), plus optional capabilities (:class:`SyncsSaves`, :class:`ScansNameChunks`,
-  :class:`ProbesExclusiveCreate`), checked with ``isinstance`` on these runtime-checkable protocols.
+  :class:`ProbesExclusiveCreate`, :class:`IdentifiesFolders`), checked with ``isinstance`` on these
+  runtime-checkable protocols.
   docs/adding-a-store.md walks through them.
 
 A *location* is a save's address in the store's own form: an absolute POSIX path, an ``s3://`` or a
@@ -18,7 +19,7 @@ relative to the root (``exec/a/ck-1``; ``""`` is the root itself where a folder 
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
@@ -34,6 +35,7 @@ __all__ = [
     "ExclusiveCreateProbe",
     "FileInfo",
     "Folder",
+    "IdentifiesFolders",
     "ProbesExclusiveCreate",
     "PruneJournal",
     "PruneResult",
@@ -353,6 +355,26 @@ class SyncsSaves(Protocol):
         """fsync every regular file and folder of the save, deepest first, then its parent folder.
 
         A save that is not there is not an error (publish reports it)."""
+        ...
+
+
+@runtime_checkable
+class IdentifiesFolders(Protocol):
+    """Optional capability of a tree whose folders can have several spellings (POSIX: links, bind mounts).
+
+    Prune keeps a candidate that physically is, contains or lies inside a needed save
+    (``ckpt.domain.prune.PhysicalOverlap``). S3 and the in-memory store have no such capability: a key has
+    one spelling.
+    """
+
+    def physical_chains(self, saves: Sequence[str]) -> dict[str, tuple[Hashable, ...] | None]:
+        """Return, for each save path, its physical identity chain: the identity of what the path resolves
+        to, then of each ancestor of that resolved path, up to the top (POSIX: ``(st_dev, st_ino)`` of the
+        ``realpath`` and of its parents, up to ``/``); ``None`` for a path that does not resolve (missing,
+        a link loop, an element that is a file). Never walks a save's files.
+
+        A missing root is ``NotFoundError``; any other failure is ``StorageError`` naming the path.
+        """
         ...
 
 

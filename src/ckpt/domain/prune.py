@@ -14,6 +14,11 @@ Rules:
    prune it is reported skipped as "named by an entry published during the prune". A folder inside another
    folder being removed is left to that removal. Stores report the other skip reasons
    (:data:`SKIP_ALREADY_GONE`, and their own, such as a symbolic link on POSIX).
+5. Paths compare as text, but one folder can have several spellings (a linked execution folder, a linked
+   save, a bind mount). Where the store can tell a folder's physical identity, a candidate is also kept
+   when it *physically* is, contains or lies inside a needed save (:class:`PhysicalOverlap`, over opaque
+   identity chains: a path's own identity, then its parent's, up to the top), and is reported skipped as
+   :data:`SKIP_ANOTHER_PATH`; :func:`recheck_folders` takes that judgement as ``also_needed``.
 
 Cost: linear in the total number of path elements; no entry is compared with every folder.
 
@@ -22,7 +27,7 @@ Pure: standard library and attrs only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import attrs
 
@@ -32,9 +37,11 @@ from ckpt.domain.errors import InvalidError
 
 __all__ = [
     "SKIP_ALREADY_GONE",
+    "SKIP_ANOTHER_PATH",
     "SKIP_PUBLISHED_DURING_PRUNE",
     "FolderCheck",
     "Overlap",
+    "PhysicalOverlap",
     "PrunePlan",
     "leftover_folders",
     "overlaps",
@@ -46,6 +53,8 @@ __all__ = [
 SKIP_PUBLISHED_DURING_PRUNE = "named by an entry published during the prune"
 #: The skip reason of a folder that no longer exists when prune comes to remove it.
 SKIP_ALREADY_GONE = "already gone"
+#: The skip reason of a candidate a needed save reaches by another spelling (rule 5).
+SKIP_ANOTHER_PATH = "is the folder of a remaining entry by another path (never removed)"
 
 
 def _ancestors(path: str) -> Iterable[str]:
@@ -88,6 +97,39 @@ class Overlap:
         if folder in self._saves or folder in self._containing:
             return True
         return _has_ancestor_in(folder, self._saves)
+
+
+class PhysicalOverlap:
+    """Answers "is this folder physically one of these saves, inside one, or containing one?" (rule 5).
+
+    A *chain* is a path's physical identity followed by each ancestor's, nearest first, up to the top (on
+    POSIX the ``(st_dev, st_ino)`` of the resolved path and of each of its parents). Identities are opaque
+    and only compared for equality. A folder overlaps when its own identity is in a needed save's chain (it
+    is or contains the save) or any identity in its chain is a needed save's own (it lies inside the save).
+    A path with no chain (it does not exist) overlaps nothing here; the lexical rules still apply.
+
+    >>> needed = PhysicalOverlap([("ck-5", "real", "exec", "/")])
+    >>> needed(("ck-5", "real", "exec", "/")), needed(("real", "exec", "/")), needed(("sub", "ck-5", "real"))
+    (True, True, True)
+    >>> needed(("ck-6", "real", "exec", "/")), needed(None)
+    (False, False)
+    """
+
+    __slots__ = ("_chained", "_own")
+
+    def __init__(self, chains: Iterable[Sequence[Hashable] | None]) -> None:
+        self._own: set[Hashable] = set()  # each needed save's own identity
+        self._chained: set[Hashable] = set()  # every identity in every needed chain
+        for chain in chains:
+            if chain:
+                self._own.add(chain[0])
+                self._chained.update(chain)
+
+    def __call__(self, chain: Sequence[Hashable] | None) -> bool:
+        """Return True when the folder whose chain this is is, contains, or lies inside a needed save."""
+        if not chain:
+            return False
+        return chain[0] in self._chained or any(identity in self._own for identity in chain)
 
 
 def overlaps(folder: str, entries: Iterable[Entry]) -> bool:
@@ -153,12 +195,22 @@ class FolderCheck:
     skipped: tuple[tuple[str, str], ...]
 
 
-def recheck_folders(planned: Iterable[str], left: Iterable[str], saves: Iterable[str]) -> FolderCheck:
+def recheck_folders(
+    planned: Iterable[str],
+    left: Iterable[str],
+    saves: Iterable[str],
+    also_needed: Callable[[str], bool] | None = None,
+) -> FolderCheck:
     """Re-check the planned and leftover folders against the saves of the entries read again (rule 4).
+
+    ``also_needed`` judges a folder no save names as text (rule 5): a folder it keeps, planned or
+    leftover, is skipped as :data:`SKIP_ANOTHER_PATH`.
 
     >>> check = recheck_folders(["exec/a/ck-1", "exec/a/ck-2"], ["exec/b"], ["exec/a/ck-2"])
     >>> check.remove, [folder for folder, _ in check.skipped]
     (('exec/a/ck-1', 'exec/b'), ['exec/a/ck-2'])
+    >>> recheck_folders(["exec/a/ck-1"], [], [], also_needed=lambda folder: True).skipped
+    (('exec/a/ck-1', 'is the folder of a remaining entry by another path (never removed)'),)
     """
     needed = Overlap(saves)
     planned_set = set(planned)
@@ -166,7 +218,10 @@ def recheck_folders(planned: Iterable[str], left: Iterable[str], saves: Iterable
     skipped: list[tuple[str, str]] = []
     for folder in sorted({*planned_set, *left}):
         if not needed(folder):
-            remove.append(folder)
+            if also_needed is not None and also_needed(folder):
+                skipped.append((folder, SKIP_ANOTHER_PATH))
+            else:
+                remove.append(folder)
         elif folder in planned_set:
             skipped.append((folder, SKIP_PUBLISHED_DURING_PRUNE))
         # else: a leftover an entry needs again is simply no longer a candidate

@@ -91,6 +91,10 @@ class Syscalls:
         """``os.fstat``."""
         return os.fstat(fd)
 
+    def realpath(self, path: str) -> str:
+        """``os.path.realpath(path, strict=True)``: the path with every link resolved, or ``OSError``."""
+        return os.path.realpath(path, strict=True)
+
 
 def reason(exc: OSError) -> str:
     """The operator-facing reason of an ``OSError``: its ``strerror``."""

@@ -14,6 +14,9 @@ Rules:
    naming the path.
 3. ``sync_save`` fsyncs every regular file and folder of a save, deepest first, then the save's parent:
    frameworks rename files into place without syncing, and an entry must never outlive its save's content.
+4. ``physical_chains`` (``IdentifiesFolders``) resolves each path (``realpath``) and ``stat``-s the result
+   and each of its ancestors up to ``/``, once per call for an ancestor many paths share: prune's judge of
+   two spellings of one folder (docs/spec/operations.md §5.11). Never a walk of a save's files.
 """
 
 from __future__ import annotations
@@ -21,9 +24,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
-from ckpt.adapters.posix.syscalls import DIR_FLAGS, NOFOLLOW_DIR_FLAGS, READ_FLAGS, PosixRoot, storage_error
+from ckpt.adapters.posix.syscalls import (
+    DIR_FLAGS,
+    NOFOLLOW_DIR_FLAGS,
+    READ_FLAGS,
+    PosixRoot,
+    reason,
+    storage_error,
+)
 from ckpt.domain.errors import StorageError
 from ckpt.domain.ports import FileInfo, SaveRemoval
 from ckpt.domain.saves import SaveKind, too_large
@@ -36,7 +46,7 @@ _ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 
 
 class PosixTree:
-    """The ``SaveTree`` port (and ``SyncsSaves``) over the folders under the root."""
+    """The ``SaveTree`` port (and ``SyncsSaves``, ``IdentifiesFolders``) over the folders under the root."""
 
     __slots__ = ("_at",)
 
@@ -244,6 +254,55 @@ class PosixTree:
                 at.sync_dir(parent)
         except OSError as exc:
             raise storage_error("sync the save", base, exc) from exc
+
+    def physical_chains(self, saves: Sequence[str]) -> dict[str, tuple[Hashable, ...] | None]:
+        """Return each save path's ``(st_dev, st_ino)`` chain: its resolved path's, then each ancestor's up
+        to ``/``; ``None`` when the path does not resolve (rule 4)."""
+        at = self._at
+        known: dict[str, tuple[int, int] | None] = {}  # resolved path -> identity, for this call only
+        chains: dict[str, tuple[Hashable, ...] | None] = {}
+        for save in saves:
+            path = at.path(save)
+            try:
+                current = at.sys.realpath(path)
+            except OSError as exc:
+                if exc.errno not in _ABSENT:
+                    raise StorageError(
+                        f"cannot identify the folder {path}: {reason(exc)}", location=path
+                    ) from exc
+                error = at.root_error()
+                if error is not None:
+                    raise error from None
+                chains[save] = None
+                continue
+            chain: list[tuple[int, int]] | None = []
+            while chain is not None:
+                if current not in known:
+                    known[current] = self._identity(current, path)
+                identity = known[current]
+                if identity is None:
+                    chain = None  # it vanished meanwhile: it does not exist now
+                    break
+                chain.append(identity)
+                parent = os.path.dirname(current)
+                if parent == current:
+                    break
+                current = parent
+            chains[save] = None if chain is None else tuple(chain)
+        return chains
+
+    def _identity(self, resolved: str, path: str) -> tuple[int, int] | None:
+        """``(st_dev, st_ino)`` of ``resolved`` (an ancestor of what ``path`` resolves to); None if gone."""
+        try:
+            st = self._at.sys.stat(resolved)
+        except OSError as exc:
+            if exc.errno in _ABSENT:
+                return None
+            where = "" if resolved == path else f" (at {resolved})"
+            raise StorageError(
+                f"cannot identify the folder {path}: {reason(exc)}{where}", location=path
+            ) from exc
+        return (st.st_dev, st.st_ino)
 
     def remove_saves(self, saves: Sequence[str]) -> list[SaveRemoval]:
         """Remove each save's folder relative to one descriptor of the root, never through a link."""
