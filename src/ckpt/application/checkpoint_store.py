@@ -55,11 +55,11 @@ from ckpt.domain.ports import (
     SkippedFolder,
     SyncsSaves,
 )
-from ckpt.domain.removing import NEVER_REMOVING, Removing
 from ckpt.domain.saves import MAX_READ_BYTES, check_save_kind, validate_file_name
 
 if TYPE_CHECKING:
     from ckpt.domain.follow import Followed, StopSignal
+    from ckpt.domain.removing import Removing
 
 __all__ = ["CheckpointStore"]
 _MAX_REFUSED_IN_MESSAGE = 10
@@ -147,6 +147,8 @@ class CheckpointStore:
     def removing(self) -> Removing:
         """Return the saves the complete prune journals list: being removed (rule 5); none without a
         journal port, at no cost."""
+        from ckpt.domain.removing import NEVER_REMOVING, Removing  # here: plain resolve imports no prune code
+
         if self._journal is None:
             return NEVER_REMOVING
         return Removing.of_journals(self._journal.read_journals())
