@@ -18,6 +18,7 @@ per child would cost about 1.5 s each on S3); each is a separate process that di
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -131,9 +132,12 @@ class Runner:
     """The forking process of ``support.killed_prune``: one request a line, one answer a line."""
 
     def __init__(self, endpoint: str) -> None:
+        # Nothing of ckpt's, the scheduler's, AWS's or a proxy's environment reaches the children.
+        dropped = ("CKPT_", "DISPATCH_", "AWS_", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+        env = {k: v for k, v in os.environ.items() if not k.upper().startswith(dropped)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "support.killed_prune", *([endpoint] if endpoint else [])],
-            cwd=TESTS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            cwd=TESTS, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.process.stdout is not None
         assert self.process.stdout.readline() == "ready\n"

@@ -299,9 +299,10 @@ class Watcher:
     def _publish(self, step: int, location: str, created: list[Entry]) -> bool:
         """Sync and publish one complete save; return True when it is now published (by us or before).
 
-        A save a prune has begun removing is passed over (rule 9); the journals are read after the save was
+        A save a prune has begun removing is passed over (rule 9). The journals are read after the save was
         judged complete: a prune writes its journal before it removes the entry and drops it only once the
-        folder is gone, so a journal that is not there any more means a folder ``publish`` will not find.
+        folder is gone, so finding none means either that prune's entry removal and re-read come later (an
+        entry created now protects the folder) or the folder is gone (``publish`` finds no save).
         """
         if self._spent:
             raise ScanTimeoutError("this watcher's scan timed out; it publishes nothing more")
