@@ -11,6 +11,10 @@ key of the batched ``DeleteObjects``, which the child cuts to the keys before ``
   ``ckpt resolve --framework X`` print the newer save, and the entries hold the newer save's only;
 * then ``ckpt prune --keep 1`` finishes the removal: the older save is gone and no journal is left.
 
+One kill point more, before any entry is removed (the journal written): the older entry is still there and
+its save whole; once the newer save is rotated away, ``ckpt resolve --framework X`` must skip the older one
+as ``being removed by a prune``, for every layout on both stores.
+
 The children are forked by ``support.killed_prune``, which imports ckpt and botocore once (a fresh interpreter
 per child would cost about 1.5 s each on S3); each is a separate process that dies by a real SIGKILL.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -282,6 +287,51 @@ def _round(runner: Runner, place: Place, layout: RuleLayout, kill_at: int) -> li
     return problems
 
 
+def _rotate_away(place: Place, layout: RuleLayout) -> None:
+    """Remove the newer save, as a framework's own retention does (``save_total_limit``). NeMo sets the
+    save's ``-unfinished`` marker before it removes a checkpoint; the marker is what this leaves (a NeMo
+    save whose folder is gone altogether passes the rule in a verified resolve: a separate defect)."""
+    save = f"{EXEC}/{layout.newer}"
+    if layout.framework == "nemo":
+        place.put({f"{save}-unfinished": b""})
+        return
+    if place.path is not None:
+        target = place.path / save
+        if target.is_file():
+            target.unlink()
+        else:
+            shutil.rmtree(target)
+        return
+    answer = place.client.list_objects_v2(Bucket=place.bucket, Prefix=f"{place.prefix}{save}")
+    for key in place._save_keys(save, answer):
+        place.client.delete_object(Bucket=place.bucket, Key=key)
+
+
+def _round_before_entries(runner: Runner, place: Place, layout: RuleLayout) -> list[str]:
+    """Kill point -1: the journal is written, no entry removed. The newer save is then rotated away: the
+    older entry is still there and its save whole, yet verified resolve must not return it."""
+    place.put({f"{EXEC}/{path}": data for path, data in layout.files.items()})
+    older, newer = f"{place.root}/{EXEC}/{layout.older}", f"{place.root}/{EXEC}/{layout.newer}"
+    store = place.open()
+    store.publish(EPOCH, OLDER, older)
+    store.publish(EPOCH, NEWER, newer)
+    prune = {"op": "prune", "store": place.store, "root": place.root, "keep": 1, "kill_at": -1}
+    killed = runner.run(prune)
+    assert (killed["status"], killed["signal"]) == (-9, 9), killed
+    assert len(place.journals()) == 1
+    _rotate_away(place, layout)
+    base = ["--config", str(place.config), "--root", place.root]
+    resolved = runner.run({"op": "cli", "argv": [*base, "resolve", "--framework", layout.framework]})
+    problems: list[str] = []
+    if resolved["stdout"] or resolved["status"] == 0 or "being removed by a prune" not in resolved["stderr"]:
+        problems.append(f"resolve --framework after the rotation: {resolved}")
+    finished = runner.run({"op": "cli", "argv": [*base, "prune", "--keep", "1"]})
+    left, journals = place.remaining(f"{EXEC}/{layout.older}"), place.journals()
+    if finished["status"] != 0 or left or journals:
+        problems.append(f"the next prune: {finished}, {left} removals left, journals {journals}")
+    return problems
+
+
 class TestKilledPrune:
     @pytest.mark.parametrize("name", sorted(LAYOUTS))
     def test_posix_no_kill_point_hands_the_older_save_out(
@@ -314,4 +364,33 @@ class TestKilledPrune:
             prefix = f"run-{kill_at}/"
             place = Place("s3", f"s3://{bucket}/run-{kill_at}", config, client, bucket, prefix)
             problems += _round(s3_runner, place, layout, kill_at)
+        assert problems == []
+
+    @pytest.mark.parametrize("store", ["posix", "s3"])
+    def test_killed_before_the_entries_go_the_whole_older_save_is_never_resolved(
+        self, store: str, request: pytest.FixtureRequest, tmp_path: Path
+    ) -> None:
+        """Killed after its journal and before any entry is removed, then the newer save rotated away: for
+        every layout, a verified resolve skips the older entry as being removed (its save is whole and
+        would pass), and the next prune finishes the removal."""
+        problems: list[str] = []
+        if store == "posix":
+            runner: Runner = request.getfixturevalue("posix_runner")
+            config = _config(tmp_path, None)
+            for name, layout in sorted(LAYOUTS.items()):
+                root = tmp_path / f"root-{name}"
+                root.mkdir()
+                problems += _round_before_entries(
+                    runner, Place("posix", str(root), config, path=root), layout
+                )
+        else:
+            runner = request.getfixturevalue("s3_runner")
+            endpoint: str = request.getfixturevalue("moto_server")
+            config = _config(tmp_path, endpoint)
+            client = raw_client(endpoint)
+            bucket = new_bucket_name()
+            client.create_bucket(Bucket=bucket)
+            for name, layout in sorted(LAYOUTS.items()):
+                place = Place("s3", f"s3://{bucket}/{name}", config, client, bucket, f"{name}/")
+                problems += _round_before_entries(runner, place, layout)
         assert problems == []

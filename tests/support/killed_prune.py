@@ -11,7 +11,8 @@ Requests:
 
 * ``{"op": "prune", "store": "posix"|"s3", "root": R, "keep": K, "kill_at": I}``: ``prune(K)`` on root R,
   killed with SIGKILL at its removal boundary I of the saves' files (0 = before the first file or folder of
-  a save is removed; n = every one of them removed, before a journal is dropped). POSIX counts each
+  a save is removed; n = every one of them removed, before a journal is dropped; -1 = before the first
+  entry is removed, the journal written). POSIX counts each
   ``unlink``/``rmdir`` under ``exec/`` and each ``unlink`` of a journal (``FaultySyscalls`` names the
   targets); S3 counts the keys of ``DeleteObjects`` under ``exec/``, cutting the request that crosses I
   down to the keys before it (a partial batch), and each ``DeleteObject`` of a journal.
@@ -52,6 +53,8 @@ class _KillingSyscalls(FaultySyscalls):
         self._removals = 0
 
     def _enter(self, operation: str, target: str, path: str | int) -> Any:
+        if self._kill_at < 0 and operation == "unlink" and target.startswith("pub/"):
+            _die()  # kill point -1: the journal written, no entry removed yet
         counted = (operation in ("unlink", "rmdir") and target.startswith("exec/")) or (
             operation == "unlink" and target.startswith(_JOURNAL)
         )
@@ -69,6 +72,8 @@ def _s3_killer(client: Any, prefix: str, kill_at: int) -> None:
 
     def before_delete_objects(params: Any, **_: Any) -> None:
         objects = params["Delete"]["Objects"]
+        if kill_at < 0 and objects and objects[0]["Key"].startswith(f"{prefix}pub/"):
+            _die()  # kill point -1: the journal written, no entry removed yet
         if not objects or not objects[0]["Key"].startswith(exec_prefix):
             return  # the entries in pub/: not a boundary of the saves
         room = kill_at - state["removed"]
