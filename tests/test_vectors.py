@@ -31,6 +31,8 @@ from ckpt.domain.errors import InvalidError, MalformedError
 from ckpt.domain.journal import format_journal, parse_journal
 from ckpt.domain.names import format_entry_name, latest_entry_of_names, parse_entry_name, parse_entry_names
 from ckpt.domain.prune import Overlap, PhysicalOverlap, overlaps, plan_prune, recheck_folders
+from ckpt.domain.prune import Overlap, overlaps, plan_prune, recheck_folders
+from ckpt.domain.removing import Removing
 from ckpt.domain.s3_root import parse_s3_root
 
 Case = dict[str, Any]
@@ -47,6 +49,7 @@ VECTOR_FILES = (
     "prune",
     "prune_recheck",
     "journal",
+    "removing",
     "s3_roots",
 )
 CASE_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -528,3 +531,13 @@ class TestS3Roots:
             parse_s3_root(case["root"])
         if "secret" in case:
             assert case["secret"] not in str(caught.value)
+
+
+class TestRemovingVectors:
+    """``Removing`` on ``removing.json``: which journal, if any, makes a save one being removed."""
+
+    @pytest.mark.parametrize("case", cases("removing"))
+    def test_journal_of(self, case: Case) -> None:
+        """``journal_of`` names the journal the vector expects, or none."""
+        journals = [(j["name"], j["text"].encode("utf-8")) for j in case["journals"]]
+        assert Removing.of_journals(journals).journal_of(case["save"]) == case["expected"]

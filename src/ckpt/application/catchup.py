@@ -19,6 +19,7 @@ it does no I/O of its own, so it runs the same on every store:
 3. :func:`resume` then resolves, verified against the framework's rule.
 4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Lightning, Accelerate):
    the caller says when a save is whole; there is no settle, so that must be a real completion check.
+   Like the watcher, it never publishes a save a prune has begun removing (``ckpt.domain.removing``).
 
 docs/adr/0011-catch-up-on-resume.md says why, and why publishing an older execution's saves is safe.
 """
@@ -46,7 +47,8 @@ from ckpt.domain.catchup import (
 from ckpt.domain.entries import Entry, parse_step, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
 from ckpt.domain.frameworks import Framework
-from ckpt.domain.ports import SyncsSaves, WatchStore, WritesSmallFiles
+from ckpt.domain.ports import KnowsRemovals, SyncsSaves, WatchStore, WritesSmallFiles
+from ckpt.domain.removing import NEVER_REMOVING, Removing
 from ckpt.domain.rules import Rule
 from ckpt.rulebook import as_rule
 
@@ -225,6 +227,8 @@ def catch_up_folders(
     published_locations = {store.location(entry).rstrip("/") for entry in entries}
     sync_save = store.sync_save if isinstance(store, SyncsSaves) else None
     created: list[Entry] = []
+    knows = store if isinstance(store, KnowsRemovals) else None
+    removing: Removing | None = None
     for target in plan.targets:
         for folder in store.folders(store.exec_dir(target.attempt)):
             if not folder.name.startswith(folder_prefix):
@@ -235,6 +239,12 @@ def catch_up_folders(
                 continue
             location = folder.location.rstrip("/")
             if location in published_locations or not is_complete(store, location):
+                continue
+            if removing is None:  # read once, after a save was judged complete (watcher.md §7.8)
+                removing = knows.removing() if knows is not None else NEVER_REMOVING
+            journal = removing.journal_of(knows.save_of(location)) if knows and removing else None
+            if journal is not None:
+                _log.warning("not publishing %s: a prune has begun removing it (%s)", location, journal)
                 continue
             try:
                 if sync_save is not None:

@@ -27,6 +27,9 @@ Rules this module keeps:
    (``ckpt.domain.saves``); the markers are regular files, read with a size cap (``MAX_READ_BYTES``).
    ``sync_save`` checks the location and, when the tree can sync (:class:`~ckpt.domain.ports.SyncsSaves`:
    POSIX), makes the save durable; elsewhere an acknowledged write is durable already.
+5. ``removing`` reads every prune journal (one listing, one read each) and says which saves a prune has
+   begun removing (``ckpt.domain.removing``; docs/spec/layout.md §5.9): the watcher, catch-up and verified
+   resolve ask it before they hand out a save they judged complete.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from ckpt.domain.saves import MAX_READ_BYTES, check_save_kind, validate_file_nam
 
 if TYPE_CHECKING:
     from ckpt.domain.follow import Followed, StopSignal
+    from ckpt.domain.removing import Removing
 
 __all__ = ["CheckpointStore"]
 _MAX_REFUSED_IN_MESSAGE = 10
@@ -143,6 +147,15 @@ class CheckpointStore:
             except MalformedError:
                 pass  # the plain listing reports it precisely
         return latest_entry_of_names(self._log.list_names())
+
+    def removing(self) -> Removing:
+        """Return the saves the complete prune journals list: being removed (rule 5); none without a
+        journal port, at no cost."""
+        from ckpt.domain.removing import NEVER_REMOVING, Removing  # here: plain resolve imports no prune code
+
+        if self._journal is None:
+            return NEVER_REMOVING
+        return Removing.of_journals(self._journal.read_journals())
 
     # -- pins (the flows in ckpt.application.pins; docs/spec/operations.md §9), and prune ----------------
 

@@ -6,7 +6,9 @@ and an operator may remove one by hand; a training script that is about to resum
 can actually load. :func:`resolve_verified` walks the entries from the greatest down and returns the first
 whose save still exists and passes the framework's rule (``ckpt.domain.rules``: built in, configured or a
 plugin; settle does not apply), recording each entry it passed over and why. A save may be a folder or, for
-rules that take files (Lightning), a single file.
+rules that take files (Lightning), a single file. A save that passes the rule but that a prune has begun
+removing (its files may be half deleted: ``ckpt.domain.removing``) is passed over too; the journals are
+read once, and only when some save passed the rule (docs/spec/watcher.md §6.6).
 
 This module also keeps :func:`read_markers` and :func:`read_rank_states`, the ``hf``/``dcp`` marker readers
 over the ``WatchStore`` port, for embedders that used them; the watcher and :func:`resolve_verified` now
@@ -35,7 +37,8 @@ from ckpt.domain.frameworks import (
     rank_files,
     validate_world_size,
 )
-from ckpt.domain.ports import FileInfo, SaveReader, Store, WatchStore
+from ckpt.domain.ports import FileInfo, KnowsRemovals, SaveReader, Store, WatchStore
+from ckpt.domain.removing import NEVER_REMOVING, Removing, being_removed_reason
 from ckpt.domain.rules import Item, Kind, Rule
 from ckpt.inspection import judge, saves_reader
 from ckpt.rulebook import as_rule
@@ -152,10 +155,12 @@ def resolve_verified(
     ``world_size`` is the number of processes that *wrote* the saves (``None``: unknown, no per-rank check);
     for ``hf`` above 1 every ``rng_state_<i>.pth`` must be present and complete, as the watcher requires.
 
-    The usual case costs one ``resolve`` and the newest save's markers: when the greatest entry passes, the
-    log is not read again. Otherwise entries are read once (``MalformedError`` for a bad name in ``pub/``,
-    as ``entries`` does) and, from the greatest down, each save is checked until one passes. The entries
-    passed over come back in ``skipped`` with their reasons, for the caller to report
+    The usual case costs one ``resolve``, the newest save's markers and one reading of the prune journals
+    (one listing on S3 when there are none): when the greatest entry passes, the log is not read again. An
+    entry whose save passes the rule but that a prune has begun removing is passed over with the reason
+    ``being removed by a prune (<journal>)``. Otherwise entries are read once (``MalformedError`` for a bad
+    name in ``pub/``, as ``entries`` does) and, from the greatest down, each save is checked until one
+    passes. The entries passed over come back in ``skipped`` with their reasons, for the caller to report
     (``ckpt: skipped <location>: <reason>``).
     """
     # A store needs no sync_save to be verified: check only what this reads.
@@ -165,14 +170,25 @@ def resolve_verified(
     newest = store.resolve()
     if newest is None:
         return Verified(None, ())
-    reason = _why_not(store, rule, newest)
+    removing: list[Removing] = []  # read once, when the first save passes the rule
+
+    def why_not(entry: Entry) -> str | None:
+        reason = _why_not(store, rule, entry)
+        if reason is not None:
+            return reason
+        if not removing:
+            removing.append(store.removing() if isinstance(store, KnowsRemovals) else NEVER_REMOVING)
+        journal = removing[0].journal_of(entry.save)
+        return None if journal is None else being_removed_reason(journal)
+
+    reason = why_not(newest)
     if reason is None:
         return Verified(newest, ())
     skipped: list[tuple[Entry, str]] = [(newest, reason)]
     for entry in reversed(store.entries()):
         if entry == newest:
             continue
-        reason = _why_not(store, rule, entry)
+        reason = why_not(entry)
         if reason is None:
             return Verified(entry, tuple(skipped))
         skipped.append((entry, reason))

@@ -32,6 +32,11 @@ Rules this module keeps (docs/adr/0008-watcher.md says why):
    such as the metrics of ``ckpt watch --metrics-port``) as one :class:`ScanReport`, after the scan and
    from the thread that ran it; a timed-out scan is reported by the waiting thread. The watcher knows
    nothing of how reports are exported; an observer must not raise (what it raises ends the scan's caller).
+9. A save a prune has begun removing is never published again (docs/spec/watcher.md §4.6). After a save is
+   judged complete and before it is published, the scan asks the store which saves the prune journals
+   list (``KnowsRemovals.removing``; once per scan, and only in a scan that has something to publish, so
+   a scan with nothing new still costs one listing). Such a save is passed over with one warning and never
+   looked at again by this watcher: its prune removes it, or it was published meanwhile by someone else.
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import MAX_U64, Entry
 from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
 from ckpt.domain.frameworks import Framework, validate_world_size
-from ckpt.domain.ports import Store, SyncsSaves, WatchStore
+from ckpt.domain.ports import KnowsRemovals, Store, SyncsSaves, WatchStore
+from ckpt.domain.removing import Removing
 from ckpt.domain.rules import BUILTIN, Item, Rule, Save, builtin_rule, unclaimed_save
 from ckpt.domain.rules.settle import Look
 from ckpt.inspection import TreeReader, judge_for_watch, saves_reader
@@ -166,6 +172,8 @@ class Watcher:
         self._waiting = 0  # saves the last complete scan found unpublished (rule 8)
         self._scan_lock = threading.Lock()
         self._spent = False  # a scan timed out: publish nothing more (rule 5)
+        self._removing: Removing | None = None  # this scan's reading of the prune journals (rule 9)
+        self._passed_over: set[str] = set()  # saves found being removed by a prune, never looked at again
 
     def __repr__(self) -> str:
         return (
@@ -222,9 +230,10 @@ class Watcher:
         items = reader.items()
         seen: set[str] = set()
         self._outstanding = set()
+        self._removing = None  # read again, if needed, by this scan (rule 9)
         for save in self.rule.saves(items):
             location = f"{base}/{save.name}"
-            if location in published:
+            if location in published or location in self._passed_over:
                 continue
             seen.add(location)
             complete = self._is_complete(save, location, items, reader)
@@ -236,7 +245,7 @@ class Watcher:
         self._settling = {
             loc: look for loc, look in self._settling.items() if loc in seen and loc not in published
         }
-        self._waiting = len(seen - published)
+        self._waiting = len(seen - published - self._passed_over)
 
     def _hint(self, items: list[Item]) -> None:
         """Warn once about names another rule would take (rule 7)."""
@@ -268,10 +277,37 @@ class Watcher:
             _log.debug("not yet: %s: %s", location, verdict.reason)
         return verdict.complete
 
+    def _being_removed(self, location: str) -> bool:
+        """True when a prune has begun removing the save at ``location`` (rule 9); warns once, and the save
+        is never looked at again. The journals are read at most once per scan, after the save was judged."""
+        store = self.store
+        if not isinstance(store, KnowsRemovals):  # every store of ours; an embedder's may not know
+            return False
+        if self._removing is None:
+            self._removing = store.removing()
+        if not self._removing:
+            return False
+        journal = self._removing.journal_of(store.save_of(location))
+        if journal is None:
+            return False
+        self._passed_over.add(location)
+        self._settling.pop(location, None)
+        self._outstanding.discard(location)
+        _log.warning("not publishing %s: a prune has begun removing it (%s)", location, journal)
+        return True
+
     def _publish(self, step: int, location: str, created: list[Entry]) -> bool:
-        """Sync and publish one complete save; return True when it is now published (by us or before)."""
+        """Sync and publish one complete save; return True when it is now published (by us or before).
+
+        A save a prune has begun removing is passed over (rule 9). The journals are read after the save was
+        judged complete: a prune writes its journal before it removes the entry and drops it only once the
+        folder is gone, so finding none means either that prune's entry removal and re-read come later (an
+        entry created now protects the folder) or the folder is gone (``publish`` finds no save).
+        """
         if self._spent:
             raise ScanTimeoutError("this watcher's scan timed out; it publishes nothing more")
+        if self._being_removed(location):
+            return False
         try:
             if isinstance(self.store, SyncsSaves):  # every store of ours; an embedder's may have none
                 self.store.sync_save(location)

@@ -29,6 +29,7 @@ from ckpt.domain.saves import SaveKind
 
 if TYPE_CHECKING:
     from ckpt.domain.follow import Followed, StopSignal
+    from ckpt.domain.removing import Removing
     from ckpt.domain.retention import Kept
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "FileInfo",
     "Folder",
     "IdentifiesFolders",
+    "KnowsRemovals",
     "ProbesExclusiveCreate",
     "PruneJournal",
     "PruneResult",
@@ -395,6 +397,27 @@ class PruneJournal(Protocol):
 
     def drop_journals(self, identifiers: Sequence[str]) -> None:
         """Remove these journals; one already gone is not an error. Durable when it returns."""
+        ...
+
+
+@runtime_checkable
+class KnowsRemovals(Protocol):
+    """Optional capability of a public store: which saves a prune has begun removing (layout.md §5.9).
+
+    ``CheckpointStore`` has it; the watcher, catch-up and verified resolve ask it (when the store has it)
+    after they judged a save complete and before they hand it out (watcher.md §4.6).
+    """
+
+    def removing(self) -> Removing:
+        """Read every prune journal now and return the saves they list (``ckpt.domain.removing``).
+
+        A store without journals answers "nothing" without any I/O. ``MalformedError`` for a complete
+        journal that is not well formed (layout.md §5.5), ``StorageError`` when the storage fails.
+        """
+        ...
+
+    def save_of(self, location: str) -> str:
+        """Return the save path of a location under the root, or raise ``InvalidError``."""
         ...
 
 

@@ -1,0 +1,79 @@
+"""Which saves a prune has begun removing: a complete prune journal is a tombstone (docs/spec/layout.md §5.9).
+
+A prune makes its journal durable before it removes any entry (layout.md §5.4) and drops it only once every
+folder it lists is removed or skipped (§5.7). So a save that a complete journal's folder names, contains, or
+lies inside is *being removed*: its entry may be gone and its files half deleted, yet what is left can still
+look complete to a rule (NeMo's marker is an absence; ``hf``'s ``trainer_state.json`` goes late in name
+order). The watcher, catch-up and verified resolve ask :class:`Removing` before they hand such a save out.
+
+Rules:
+
+1. The folders of a journal are read by ``ckpt.domain.journal.parse_journal``: an unfinished journal lists
+   nothing, so it makes no tombstone (its prune removed nothing yet).
+2. "Being removed" is overlap by path element (``ckpt.domain.prune.Overlap``): the save equals a listed
+   folder, lies inside one, or contains one. ``exec/a/ck-1`` is not touched by a journal listing
+   ``exec/a/ck-10``.
+3. When several journals list a save, the first in identifier order names it (journals are read sorted).
+
+Pure: standard library and attrs only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ckpt.domain.journal import parse_journal
+from ckpt.domain.prune import Overlap
+
+__all__ = ["NEVER_REMOVING", "Removing", "being_removed_reason"]
+
+
+class Removing:
+    """Answers "is this save being removed, and by which journal?" (rules 2 and 3).
+
+    >>> journal = b"ckpt prune journal 1\\nexec/a/ck-1\\nend\\n"
+    >>> removing = Removing.of_journals([("/r/.ckpt-prune-0a", journal)])
+    >>> [removing.journal_of(save) for save in ("exec/a/ck-1", "exec/a/ck-10", "exec/a")]
+    ['/r/.ckpt-prune-0a', None, '/r/.ckpt-prune-0a']
+    """
+
+    __slots__ = ("_journals",)
+
+    def __init__(self, journals: Iterable[tuple[str, Iterable[str]]] = ()) -> None:
+        listed = sorted(((name, tuple(folders)) for name, folders in journals), key=lambda j: j[0])
+        self._journals: tuple[tuple[str, Overlap], ...] = tuple(
+            (name, Overlap(folders)) for name, folders in listed if folders
+        )
+
+    @classmethod
+    def of_journals(cls, journals: Sequence[tuple[str, bytes]]) -> Removing:
+        """Return the tombstones of journals read as ``(identifier, content)`` (rule 1: ``MalformedError``
+        for a complete journal that is not well formed, as prune reports it)."""
+        return cls((name, parse_journal(name, data)) for name, data in journals)
+
+    def __bool__(self) -> bool:
+        """True when some journal lists a folder: only then can any save be being removed."""
+        return bool(self._journals)
+
+    def __repr__(self) -> str:
+        return f"Removing({[name for name, _ in self._journals]!r})"
+
+    def journal_of(self, save: str) -> str | None:
+        """Return the identifier of the first journal whose folders overlap ``save``, else ``None``."""
+        for name, overlap in self._journals:
+            if overlap(save):
+                return name
+        return None
+
+
+#: The answer of a store without journals (the in-memory one): nothing is ever being removed.
+NEVER_REMOVING = Removing()
+
+
+def being_removed_reason(journal: str) -> str:
+    """Return the reason a save the journal ``journal`` lists is passed over (watcher.md §6.3).
+
+    >>> being_removed_reason("/r/.ckpt-prune-0a")
+    'being removed by a prune (/r/.ckpt-prune-0a)'
+    """
+    return f"being removed by a prune ({journal})"
