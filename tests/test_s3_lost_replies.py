@@ -48,6 +48,8 @@ from test_cli_s3 import run, write_config
 
 SAVE = "exec/2.4102.0/step-5"
 ENTRY = Entry(7, 5, SAVE)
+ENTRY_KEY = f"pub/{format_entry_name(ENTRY)}"
+PIN_KEY = f"pins/{format_entry_name(ENTRY)}"
 TOKEN_HEADER = "x-amz-meta-ckpt-writer"
 TOKEN = re.compile(r"[0-9a-f]{32}")
 
@@ -62,8 +64,7 @@ class World:
         raw.create_bucket(Bucket=self.bucket)
         raw.put_object(Bucket=self.bucket, Key=f"{SAVE}/.metadata", Body=b"m")
         raw.put_object(Bucket=self.bucket, Key=f"{SAVE}/__0_0.distcp", Body=b"shard")
-        isolate_from_aws_environment(monkeypatch, tmp)
-        self._monkeypatch, self._tmp = monkeypatch, tmp
+        isolate_from_aws_environment(monkeypatch, tmp)  # the configured clients read no ~/.aws
 
     def store(self) -> tuple[S3Store, RequestLog]:
         """A store whose configured client (two attempts, as ``http_settings`` has it) talks to the relay."""
@@ -99,10 +100,6 @@ def world(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     port = int(moto_server.rsplit(":", 1)[1])
     with ForwardProxy(upstream=("127.0.0.1", port)) as relay:
         yield World(relay, raw_client(moto_server), monkeypatch, tmp_path)
-
-
-ENTRY_KEY = f"pub/{format_entry_name(ENTRY)}"
-PIN_KEY = f"pins/{format_entry_name(ENTRY)}"
 
 
 class TestPublishWhoseReplyWasLost:
