@@ -101,6 +101,40 @@ class TestUnpin:
         assert pins(root) == []
 
 
+# SAVE spellings publish refuses (operations.md §1.2); pin and unpin must refuse them the same way.
+BAD_POSIX_SAVES = [
+    "/etc/passwd",  # outside the root
+    "exec/../x",  # a ".." element
+    "exec/a/ck-1000/../ck-1500",  # ".." even where it would land on a published save
+    "exec//a/ck-1000",  # an empty element
+    "pub/x",  # inside the publication log, never a save
+    "s3://some-bucket/exec/a/ck-1000",  # another store's form
+]
+
+
+class TestSaveIsCheckedAsPublishChecksIt:
+    @pytest.mark.parametrize("command", ["publish", "pin", "unpin"])
+    @pytest.mark.parametrize("save", BAD_POSIX_SAVES)
+    def test_a_bad_save_exits_2_naming_it_before_anything_is_read(
+        self, root: Path, command: str, save: str
+    ) -> None:
+        """pin and unpin refuse a SAVE publish refuses, with exit 2 and one line naming it, before any
+        read: a malformed name in pub/ and in pins/ (exit 5 once read) does not get in the way."""
+        pinned = format_entry_name(Entry(1, 1500, "exec/a/ck-1500"))
+        (root / "pins").mkdir()
+        (root / "pins" / pinned).touch()
+        (root / "pins" / "junk").touch()
+        (root / "pub" / "junk").touch()
+        extra = ["--step", "1"] if command == "publish" else []
+        result = ckpt(root, command, *extra, save)
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("ckpt: save location "), line
+        assert save in line, line
+        assert sorted(os.listdir(root / "pins")) == sorted(["junk", pinned])
+        assert result.stdout == ""
+
+
 class TestEntries:
     def test_entries_show_which_are_pinned(self, root: Path) -> None:
         """Text lines of pinned entries end in ' (pinned)'; JSON documents carry "pinned"."""
@@ -183,6 +217,36 @@ class TestPruneTiers:
 
 
 class TestOnS3:
+    @pytest.mark.parametrize("command", ["pin", "unpin"])
+    def test_a_bad_save_exits_2_naming_it_on_a_bucket(
+        self, moto_server: str, tmp_path: Path, command: str
+    ) -> None:
+        """On s3://BUCKET/PREFIX, pin and unpin refuse every SAVE publish refuses, exit 2, naming it."""
+        client = raw_client(moto_server)
+        name = new_bucket_name()
+        client.create_bucket(Bucket=name)
+        root = f"s3://{name}/team-a"
+        config = write_config(tmp_path / "ckpt.toml", root, moto_server)
+        client.put_object(Bucket=name, Key="team-a/exec/a/ck-1/model.bin", Body=b"w")
+        assert run(config, "publish", "--epoch", "1", "--step", "1", "exec/a/ck-1").returncode == 0
+        assert run(config, "pin", "exec/a/ck-1").returncode == 0
+        bad = [
+            "/etc/passwd",
+            "exec/../x",
+            "exec/a/x/../ck-1",
+            "pins/x",
+            f"s3://{name}/elsewhere/exec/a/ck-1",
+            f"s3://{new_bucket_name()}/team-a/exec/a/ck-1",
+        ]
+        for save in bad:
+            result = run(config, command, save)
+            assert result.returncode == 2, (save, result.stderr)
+            (line,) = result.stderr.splitlines()
+            assert line.startswith("ckpt: save location "), line
+            assert save in line, line
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket=name, Prefix="team-a/pins/")["Contents"]]
+        assert keys == [f"team-a/pins/{format_entry_name(Entry(1, 1, 'exec/a/ck-1'))}"]
+
     def test_pin_entries_prune_tiers_unpin_and_follow_on_a_bucket(
         self, moto_server: str, tmp_path: Path
     ) -> None:

@@ -15,8 +15,9 @@ What is proved:
 * ``TestWritesUnderFaults``: publish, prune and the watcher's scan (hf and dcp), with the fault at each of
   their writing requests (and, for prune, at every request, since a prune stopped between its steps is the
   dangerous case). With retries (``max_attempts=3``) the operation ends as a fault-free run does, its effect
-  durable (read back straight from moto); a conditional put whose answer was lost is ``ExistsError``
-  (already published) and the watcher counts that save as published. Without retries (``max_attempts=1``)
+  durable (read back straight from moto); a conditional put whose answer was lost is this call's own
+  create (its writer token, operations.md §2.6): publish returns the entry and the watcher reports the
+  save as published by its scan. Without retries (``max_attempts=1``)
   a fault that took effect makes the operation fail with a clear ``ckpt`` error (a ``CkptError`` naming the
   ``s3://`` location, no secret, no botocore or urllib3 exception attached). Either way nothing is lost,
   duplicated or corrupted, prune never leaves an entry whose save lost an object, and running again
@@ -25,7 +26,7 @@ What is proved:
   clearly, and change nothing; a ``GetObject`` body cut short is read again by ``read_file`` itself.
 * ``TestPersistentFaults``: every request faulted: the writing operations fail clearly, invariants hold.
 * ``TestLostAnswerOnPublication``: the conditional put whose first attempt succeeded but whose answer was
-  lost, spelled out, for ``publish`` and for the watcher.
+  lost, spelled out, for ``publish`` and for the watcher (tests/test_s3_lost_replies.py has the rest).
 * ``TestContract*ThroughFaults``: the store contract suite (tests/test_store_contract.py), run with every
   third request of the store faulted, passes unchanged.
 
@@ -205,7 +206,7 @@ class Scenario(abc.ABC):
     """One operation on a fresh world: arrange it, run it, judge the outcome, recover, check the end state.
 
     ``judge`` gets the result, or the ``CkptError`` the operation raised (already checked to be a clear
-    error), and whether a fault that lands hit a put (then ``ExistsError`` may mean "this call published").
+    error), and whether a fault that lands hit a put.
     """
 
     name = "?"
@@ -243,11 +244,9 @@ class Publish(Scenario):
 
     def judge(self, world: World, outcome: Any, *, landed_put: bool) -> None:
         snapshot = world.snapshot()
-        if isinstance(outcome, ExistsError):
-            assert landed_put, "ExistsError although no put of ours reached the storage"
-            assert outcome.entry == self.entry
-            assert snapshot.entries() == [self.entry]
-        elif isinstance(outcome, CkptError):  # the entry is there only if a put of ours landed
+        # Every world starts empty: an ExistsError could only be this call meeting its own create.
+        assert not isinstance(outcome, ExistsError), outcome
+        if isinstance(outcome, CkptError):  # the entry is there only if a put of ours landed
             assert snapshot.entries() in ([], [self.entry])
         else:
             assert outcome == self.entry
@@ -353,9 +352,7 @@ class Scan(Scenario):
         if isinstance(outcome, CkptError):
             return
         assert durable == self.expected
-        assert set(outcome) <= set(self.expected)  # a save whose put lost its answer counts, uncreated
-        if not landed_put:
-            assert outcome == self.expected
+        assert outcome == self.expected  # a save whose put lost its answer is this scan's too
 
     def recover(self, world: World) -> None:
         # The same watcher scans again (it keeps what it published before an error); then a fresh one.
@@ -513,12 +510,8 @@ class TestWritesUnderFaults:
             scenario = SCENARIOS[operation]()
             run = quiet_rig.run(client, log, scenario, fault, Match(skip=k - 1, times=1))
             landed_put = fault.lands and request.startswith("PUT")
-            where = (operation, k, request, run.outcome)
-            if operation == "publish" and landed_put and fault is not DELAYED:
-                # The put landed, its answer was lost, the retry met our own entry: "already published".
-                assert isinstance(run.outcome, ExistsError), where
-            else:
-                assert not run.failed or (landed_put and isinstance(run.outcome, ExistsError)), where
+            # A put that landed with its answer lost is this call's create (operations.md §2.6): no failure.
+            assert not run.failed, (operation, k, request, run.outcome)
             scenario.judge(run.world, run.outcome, landed_put=landed_put)
             scenario.recover(run.world)
 
@@ -627,24 +620,26 @@ class TestPersistentFaults:
 
 
 class TestLostAnswerOnPublication:
-    def test_a_put_that_landed_but_lost_its_answer_is_already_published(self, quiet_rig: Rig) -> None:
-        """Drop-after-forwarding on the entry's PutObject: ExistsError carrying the entry; one entry."""
+    def test_a_put_that_landed_but_lost_its_answer_is_this_publish(self, quiet_rig: Rig) -> None:
+        """Drop-after-forwarding on the entry's PutObject: the retry meets 412, the HeadObject finds this
+        publish's writer token, and publish returns the entry; one entry."""
         client, log = quiet_rig.client("retrying-lost-answer", 3)
         drop_after = Fault("drop-after", lambda when: DropConnection(after_forwarding=True, when=when))
         run = quiet_rig.run(client, log, Publish(), drop_after, Match(method="PUT", times=1))
-        assert isinstance(run.outcome, ExistsError)
-        assert run.outcome.entry == Publish.entry
+        assert run.outcome == Publish.entry
         assert run.world.snapshot().entries() == [Publish.entry]
-        puts = [r.outcome for r in quiet_rig.proxy.requests if r.method == "PUT"]
-        assert puts == ["dropped-after-forwarding", "forwarded"]  # the retry met the first put's entry
+        writes = [(r.method, r.outcome) for r in quiet_rig.proxy.requests if "/pub/" in r.path]
+        # the retry met the first put's entry (412), and one HeadObject told whose it was
+        assert writes == [("PUT", "dropped-after-forwarding"), ("PUT", "forwarded"), ("HEAD", "forwarded")]
 
     def test_the_watcher_counts_that_save_as_published_and_never_republishes_it(self, quiet_rig: Rig) -> None:
-        """A scan whose put lost its answer does not fail; later scans, and a new watcher, send no put."""
+        """A scan whose put lost its answer reports that save as published by it; later scans, and a new
+        watcher, send no put."""
         client, log = quiet_rig.client("retrying-lost-answer", 3)
         drop_after = Fault("drop-after", lambda when: DropConnection(after_forwarding=True, when=when))
         scenario = Scan(Framework.DCP, complete_saves=2)
         run = quiet_rig.run(client, log, scenario, drop_after, Match(method="PUT", times=1))
-        assert run.outcome == scenario.expected[1:]  # the first save counted as published, not created
+        assert run.outcome == scenario.expected  # the first save is this scan's, its answer lost or not
         assert run.world.snapshot().entries() == scenario.expected
         quiet_rig.proxy.clear()
         assert (scenario.scanner.scan(), scenario.watcher(run.world).scan()) == ([], [])
@@ -677,11 +672,8 @@ class TestFaultRules:
 
 
 class CyclingFaults:
-    """Every ``every``-th request gets the next fault of a cycle; a put gets only faults that do not land.
-
-    A put that lands but loses its answer is rightly reported as ``ExistsError``, which the contract's
-    "publish returns the entry" cases would read as a failure; those faults have their own tests above.
-    """
+    """Every ``every``-th request gets the next fault of a cycle, puts included: a conditional put that
+    lands but loses its answer is the call's own create (operations.md §2.6), so the contract holds."""
 
     CYCLE = ("drop-before", "500", "truncate", "drop-after", "500-after")
 
@@ -695,8 +687,6 @@ class CyclingFaults:
         if self.seen % self.every:
             return
         fault = self.CYCLE[len(self.fired) % len(self.CYCLE)]
-        if exchange.method == "PUT" and fault in ("drop-after", "500-after"):
-            fault = "drop-before"
         self.fired.append(fault)
         rules: dict[str, Rule] = {
             "drop-before": DropConnection(),

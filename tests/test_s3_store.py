@@ -269,7 +269,8 @@ class TestPublish:
         with pytest.raises(ExistsError) as caught:
             store.publish(7, 500, store.location(entry))
         assert caught.value.entry == entry
-        assert log.operations() == ["ListObjectsV2", "PutObject"]
+        # The 412 costs one HeadObject: the object has no writer token of this publish (operations.md §2.6).
+        assert log.operations() == ["ListObjectsV2", "PutObject", "HeadObject"]
         kept = moto.client.get_object(Bucket=moto.bucket, Key=pub_key(entry, f"{ROOT_PREFIX}/"))
         assert kept["Body"].read() == b"left by someone else"
 
@@ -314,24 +315,48 @@ class TestPublish:
         assert log.count("PutObject") == 4
         assert format_entry_name(Entry(3, 30, SAVE)) in str(caught.value)
 
-    def test_a_retried_put_meeting_its_own_earlier_success_reports_exists(
+    def test_a_retried_put_meeting_its_own_earlier_success_is_this_publish(
         self, http: OverHttp, aws_env: Any
     ) -> None:
-        """The first put landed but its answer was lost (500); botocore's retry meets 412: ExistsError."""
+        """The first put landed but its answer was lost (500); the retry meets 412, the HeadObject finds this
+        publish's writer token: the entry is returned as published by this call."""
         store, log, client = http.store(configured_client(http.endpoint, max_attempts=2))
         entry = Entry(3, 30, SAVE)
         http.put(f"{SAVE}/model.bin")
 
         def land_then_fail(request: Any) -> bytes:
-            http.put(pub_key(entry))  # the write reached the storage ...
+            token = request.headers["x-amz-meta-ckpt-writer"].decode()  # the write reached the storage ...
+            http.client.put_object(
+                Bucket=http.bucket, Key=pub_key(entry), Body=b"", Metadata={"ckpt-writer": token}
+            )
             return error_body("InternalError")  # ... but the client saw a server error
 
         answer_instead(client, "PutObject", 500, land_then_fail, times=1)
+        assert store.publish(3, 30, store.location(entry)) == entry
+        assert log.operations() == ["ListObjectsV2", "PutObject", "PutObject", "HeadObject"]
+        assert http.keys("pub/") == [pub_key(entry)]
+
+    def test_a_retried_put_meeting_another_writers_entry_reports_exists(
+        self, http: OverHttp, aws_env: Any
+    ) -> None:
+        """The first put never landed (500) and another writer created the entry meanwhile: its object holds
+        another token, so the retry's 412 is ExistsError."""
+        store, log, client = http.store(configured_client(http.endpoint, max_attempts=2))
+        entry = Entry(3, 30, SAVE)
+        http.put(f"{SAVE}/model.bin")
+
+        def other_writer_then_fail(request: Any) -> bytes:
+            other = "0" * 32
+            http.client.put_object(
+                Bucket=http.bucket, Key=pub_key(entry), Body=b"", Metadata={"ckpt-writer": other}
+            )
+            return error_body("InternalError")
+
+        answer_instead(client, "PutObject", 500, other_writer_then_fail, times=1)
         with pytest.raises(ExistsError) as caught:
             store.publish(3, 30, store.location(entry))
         assert caught.value.entry == entry
-        assert log.count("PutObject") == 2
-        assert http.keys("pub/") == [pub_key(entry)]
+        assert log.operations() == ["ListObjectsV2", "PutObject", "PutObject", "HeadObject"]
 
     def test_a_storage_without_conditional_create_is_refused(self, http: OverHttp) -> None:
         """501 NotImplemented to If-None-Match is a StorageError saying the storage cannot hold the log."""
@@ -736,7 +761,9 @@ class TestProbeExclusiveCreate:
         result = store.probe_exclusive_create()
         assert (result.honoured, result.writers, result.created, result.refused) == (True, 8, 1, 7)
         assert result.location.startswith(f"{store.root}/.ckpt-doctor/")
-        assert log.operations() == ["PutObject"] * 8 + ["DeleteObject"]
+        # Each of the seven 412s is followed by one HeadObject (operations.md §2.6); the delete comes last.
+        assert sorted(log.operations()[:-1]) == ["HeadObject"] * 7 + ["PutObject"] * 8
+        assert log.operations()[-1] == "DeleteObject"
         assert moto.keys(f"{ROOT_PREFIX}/") == []
 
     def test_a_storage_ignoring_if_none_match_is_reported(self, http: OverHttp) -> None:

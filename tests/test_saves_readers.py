@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ckpt.adapters.posix_saves import PosixSaves
+from ckpt.adapters.s3 import S3Store
 from ckpt.adapters.s3_saves import S3Saves
-from ckpt.domain.errors import NotFoundError
+from ckpt.domain.errors import NotFoundError, StorageError
 from ckpt.domain.ports import FileInfo
 from ckpt.domain.rules import TAIL_BYTES, Item, Kind, Tail
 from ckpt.inspection import gather_view
+from support.forward_proxy import ForwardProxy, Match, RewriteResponse
 from support.rule_layouts import LayoutReader, content, vector_cases, vector_rule, zip_bytes
 from support.s3 import new_bucket_name, raw_client
 from support.trainer.frameworks import apply_to_folder
@@ -126,6 +129,12 @@ def s3_bucket(moto_server: str) -> tuple[Any, Any, str]:
     return client, raw_client(moto_server), bucket
 
 
+def _truncated_without_token(body: bytes) -> bytes:
+    """moto's ListObjectsV2 answer made to say it is cut short, without saying where to go on."""
+    body = re.sub(rb"<NextContinuationToken>[^<]*</NextContinuationToken>", b"", body)
+    return body.replace(b"<IsTruncated>false</IsTruncated>", b"<IsTruncated>true</IsTruncated>")
+
+
 def _upload(client: Any, bucket: str, prefix: str, layout: dict[str, bytes | None]) -> None:
     for path, data in layout.items():
         if data is not None:
@@ -187,6 +196,35 @@ class TestS3Saves:
         names = [f"s{i:03d}.pt" for i in range(40)]
         tails = reader.map_concurrently(lambda p: reader.tail(p, TAIL_BYTES), names)
         assert [t.size if t else None for t in tails] == [len(zip_bytes(i)) for i in range(40)]
+
+    @pytest.mark.parametrize("read", ["items", "files", "store-reader"])
+    def test_a_listing_cut_short_without_a_token_is_refused(
+        self, moto_server: str, s3_bucket: tuple[Any, Any, str], read: str
+    ) -> None:
+        """A page saying IsTruncated with no continuation token is a StorageError naming the location, as
+        the store's own lister has it: the names on the missing pages (a forbidden marker) never look
+        absent. The page comes from moto's server, rewritten by a relay in front of it."""
+        arrange, _, bucket = s3_bucket
+        _upload(arrange, bucket, "cut/exec/1/", {"ck-1/a.bin": b"a", "ck-2/b.bin": b"b", "f.txt": b"f"})
+        cut = RewriteResponse(
+            _truncated_without_token, when=Match(method="GET", path_prefix=f"/{bucket}?list-type=2")
+        )
+        with ForwardProxy(upstream=("127.0.0.1", int(moto_server.rsplit(":", 1)[1])), rules=[cut]) as relay:
+            client = raw_client(relay.url)
+            reader = (
+                S3Store(f"s3://{bucket}/cut", client).saves_reader(f"s3://{bucket}/cut/exec/1")
+                if read == "store-reader"
+                else S3Saves(client, bucket, "cut/exec/1/")
+            )
+            with pytest.raises(
+                StorageError, match="truncated the listing without a continuation token"
+            ) as caught:
+                reader.files("ck-1") if read == "files" else reader.items()
+        listed = "cut/exec/1/ck-1/" if read == "files" else "cut/exec/1/"
+        assert f"s3://{bucket}/{listed}" in str(caught.value)
+        assert caught.value.location == f"s3://{bucket}/{listed}"
+        assert cut.when.hits == 1
+        assert [r.outcome for r in relay.requests] == ["rewritten"]
 
     def test_missing_bucket_is_a_storage_error(self, s3_bucket: tuple[Any, Any, str]) -> None:
         """A listing of a bucket that does not exist is our NotFoundError, not a botocore error."""

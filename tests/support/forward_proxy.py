@@ -10,7 +10,10 @@ What it does:
 
 * Listens on ``127.0.0.1`` on a free port, serving from background threads until the ``with`` ends.
 * Absolute-URI requests (``GET http://host:port/path``) are forwarded to the target and the answer relayed;
-  ``CONNECT host:port`` opens a byte tunnel. Origin-form requests and ``https://`` absolute URIs get 400.
+  ``CONNECT host:port`` opens a byte tunnel. Origin-form requests and ``https://`` absolute URIs get 400,
+  unless the proxy was given an ``upstream`` (a loopback ``(address, port)``): then it is also a relay in
+  front of that one server, and a client whose endpoint is :attr:`ForwardProxy.url` has its origin-form
+  requests forwarded there, under the same rules, recorded with the upstream as their host.
 * Records every request it receives, before it answers, as a :class:`RecordedRequest`: method, target
   host and port, path, headers (without ``Proxy-Authorization``, whose presence is a flag), and outcome.
 * Optional Basic proxy authentication (``credentials=("user", "password")``): a missing or wrong
@@ -26,8 +29,9 @@ What it does:
   the client sees a failure), drop the connection before or after forwarding (:class:`DropConnection`),
   wait first (:class:`Delay`), or cut the response body short (:class:`TruncateResponse`). Each rule takes
   a :class:`Match` saying which requests, and how many, it applies to (the n-th one, every n-th one, the
-  first few). For CONNECT, only answering (at once), dropping before forwarding and delaying apply: a
-  tunnel's bytes are opaque.
+  first few). :class:`RewriteResponse` relays the target's answer with its body rewritten (a listing
+  made to say what no conforming server says). For CONNECT, only answering (at once), dropping before
+  forwarding and delaying apply: a tunnel's bytes are opaque.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -57,6 +61,7 @@ __all__ = [
     "Match",
     "RecordedRequest",
     "Respond",
+    "RewriteResponse",
     "Rule",
     "StripRequestHeader",
     "TruncateResponse",
@@ -89,8 +94,8 @@ class RecordedRequest:
 
     ``outcome`` is one of ``"forwarded"``, ``"tunnelled"``, ``"replied"`` (a rule answered),
     ``"replied-after-forwarding"`` (the target answered, a rule's answer replaced it),
-    ``"dropped"`` (before forwarding), ``"dropped-after-forwarding"``, ``"truncated"``, ``"refused"``
-    (not loopback, or unknown name), ``"unreachable"`` (loopback target not listening),
+    ``"dropped"`` (before forwarding), ``"dropped-after-forwarding"``, ``"truncated"``, ``"rewritten"``,
+    ``"refused"`` (not loopback, or unknown name), ``"unreachable"`` (loopback target not listening),
     ``"unauthorized"`` and ``"rejected"`` (not a proxy request). ``received_at`` comes before the target
     could have seen the request, so whatever the request did at the target happened after it.
     """
@@ -140,7 +145,7 @@ class Exchange:
     Decisions, applied in this order: ``delay`` seconds of sleep; ``reply`` answers without forwarding
     (or, when it is ``after_forwarding``, once the target has answered); ``drop`` closes the connection
     (before or after forwarding); ``truncate_to`` relays at most that many bytes of the response body, then
-    closes.
+    closes; ``rewrite`` turns the target's response body into the one relayed.
     """
 
     method: str
@@ -153,6 +158,7 @@ class Exchange:
     reply: Reply | None = None
     drop: Drop | None = None
     truncate_to: int | None = None
+    rewrite: Callable[[bytes], bytes] | None = None
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (case-insensitive), or ``None``."""
@@ -300,6 +306,18 @@ class TruncateResponse:
             exchange.truncate_to = self.keep_bytes
 
 
+@dataclass
+class RewriteResponse:
+    """Relay the target's answer (status and headers) with its body passed through ``rewrite``."""
+
+    rewrite: Callable[[bytes], bytes]
+    when: Match = field(default_factory=Match)
+
+    def apply(self, exchange: Exchange) -> None:
+        if exchange.rewrite is None and self.when.take(exchange):
+            exchange.rewrite = self.rewrite
+
+
 class _RefusedError(Exception):
     """The proxy will not, or cannot, reach a target. ``status`` is the answer and ``outcome`` the record."""
 
@@ -318,8 +336,10 @@ class ForwardProxy:
         resolve: Mapping[str, tuple[str, int]] | None = None,
         credentials: tuple[str, str] | None = None,
         rules: Iterable[Rule] = (),
+        upstream: tuple[str, int] | None = None,
     ) -> None:
         self.resolve = {name.lower(): address for name, address in (resolve or {}).items()}
+        self.upstream = upstream
         self.credentials = credentials
         self.rules: list[Rule] = list(rules)
         self._lock = threading.Lock()
@@ -508,14 +528,17 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self._received_at = time.time()
         proxy = self.server.proxy
         parts = urlsplit(self.path)
-        if parts.scheme.lower() != "http" or not parts.hostname:
+        if proxy.upstream is not None and self.path.startswith("/"):  # the relay in front of one server
+            (host, port), path = proxy.upstream, self.path
+        elif parts.scheme.lower() != "http" or not parts.hostname:
             self._record_and_reply("", 0, "rejected", 400, b"not an absolute http:// request")
             return
-        host = parts.hostname
-        port = parts.port or 80
-        path = parts.path or "/"
-        if parts.query:
-            path = f"{path}?{parts.query}"
+        else:
+            host = parts.hostname
+            port = parts.port or 80
+            path = parts.path or "/"
+            if parts.query:
+                path = f"{path}?{parts.query}"
         body = self._read_body()
         if not proxy._authorized(self.headers.get("Proxy-Authorization")):
             self._record_and_reply(host, port, "unauthorized", 407, b"proxy authentication required", path)
@@ -547,8 +570,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._record(host, port, path, "dropped-after-forwarding")
             self._hang_up()
             return
+        if exchange.rewrite is not None:
+            data = exchange.rewrite(data)
         truncated = exchange.truncate_to is not None and exchange.truncate_to < len(data)
-        self._record(host, port, path, "truncated" if truncated else "forwarded")
+        outcome = "rewritten" if exchange.rewrite is not None else "forwarded"
+        self._record(host, port, path, "truncated" if truncated else outcome)
         self._relay(status, reason, headers, data, exchange.truncate_to if truncated else None)
 
     def _tunnel(self) -> None:

@@ -4,7 +4,9 @@ Rules:
 
 1. The location's items come from one delimited listing (``ListObjectsV2`` with ``Delimiter=/``, 1,000
    names a request): common prefixes are folders, objects are files. A key ending in ``/`` (a console's
-   folder marker) is never a file.
+   folder marker) is never a file. Listings are paged by the store's own lister (``Bucket.pages``): a page
+   cut short without a continuation token is a ``StorageError`` naming the location, never the end of
+   the listing (a marker on the missing pages must not look absent).
 2. A head is one ranged ``GetObject`` of ``bytes=0-<limit-1>``; a tail is one ranged ``GetObject`` of the
    last bytes (``bytes=-<n>``), whose ``Content-Range`` gives the object's size. Nothing reads a whole
    shard. An empty object answers a ranged read with ``InvalidRange``: it is an empty head or tail.
@@ -32,9 +34,10 @@ from ckpt.adapters.s3.errors import (
 from ckpt.adapters.s3.errors import (
     s3_errors as _s3_errors,
 )
-from ckpt.adapters.s3.objects import PAGE_SIZE, S3Client
+from ckpt.adapters.s3.objects import Bucket, S3Client
 from ckpt.domain.ports import FileInfo
 from ckpt.domain.rules import Item, Kind, Tail
+from ckpt.domain.s3_root import S3Root
 
 __all__ = ["DEFAULT_CONCURRENCY", "S3Saves"]
 
@@ -52,6 +55,7 @@ class S3Saves:
         self, client: S3Client, bucket: str, prefix: str, *, concurrency: int = DEFAULT_CONCURRENCY
     ) -> None:
         self._client = client
+        self._bucket = Bucket(S3Root(bucket, ""), client)  # keys below are whole keys: no root prefix
         self.bucket = bucket
         self.prefix = prefix if prefix.endswith("/") or not prefix else prefix + "/"
         self.concurrency = max(1, concurrency)
@@ -63,17 +67,7 @@ class S3Saves:
         return f"s3://{self.bucket}/{key}"
 
     def _pages(self, prefix: str, *, delimiter: bool) -> Iterator[dict[str, Any]]:
-        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": PAGE_SIZE}
-        if delimiter:
-            params["Delimiter"] = "/"
-        while True:
-            with _s3_errors("list", self._url(prefix), self.bucket):
-                page = self._client.list_objects_v2(**params)
-            yield page
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return
-            params["ContinuationToken"] = token
+        return self._bucket.pages(prefix, delimiter=delimiter, action="list")
 
     def items(self) -> list[Item]:
         """Folders and files directly inside the location (rule 1)."""

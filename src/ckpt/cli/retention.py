@@ -11,6 +11,8 @@ from ckpt.cli import EXIT_NOTHING, EXIT_OK, Context, UsageError, whole_number
 from ckpt.domain.errors import NotFoundError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ckpt.domain.entries import Entry
     from ckpt.domain.ports import WatchStore
 
@@ -44,30 +46,33 @@ def cmd_prune(ctx: Context) -> int:
     return EXIT_OK
 
 
-def _selected(ctx: Context, store: WatchStore, candidates: list[Entry]) -> list[Entry]:
-    """The candidates ``SAVE`` and/or ``--epoch`` and ``--step`` select (``pin``, ``unpin``)."""
+def _selection(ctx: Context, store: WatchStore) -> Callable[[Entry], bool]:
+    """Which entries ``SAVE`` and/or ``--epoch`` and ``--step`` select (``pin``, ``unpin``).
+
+    Everything given is checked before the store is read: ``SAVE`` exactly as ``publish`` checks it
+    (``save_of``: outside the root, ``..``, an invalid save path are exit 2 naming it).
+    """
     from ckpt.domain.entries import parse_epoch, parse_step
 
     args = ctx.args
     if args.save is None and (args.epoch is None or args.step is None):
         raise UsageError(f"{args.command}: name the entry by SAVE, or by --epoch and --step")
-    location = None if args.save is None else ctx.save_location(args.save).rstrip("/")
+    save = None if args.save is None else store.save_of(ctx.save_location(args.save))
     epoch = None if args.epoch is None else parse_epoch(args.epoch)
     step = None if args.step is None else parse_step(args.step)
-    return [
-        e
-        for e in candidates
-        if (location is None or store.location(e) == location)
+    return lambda e: (
+        (save is None or e.save == save)
         and (epoch is None or e.epoch == epoch)
         and (step is None or e.step == step)
-    ]
+    )
 
 
 def cmd_pin(ctx: Context) -> int:
     from ckpt.cli.output import entry_document, print_json
 
     store = ctx.store()
-    chosen = _selected(ctx, store, store.entries())
+    selects = _selection(ctx, store)
+    chosen = [e for e in store.entries() if selects(e)]
     if not chosen:
         ctx.warn("no published entry matches: nothing to pin")
         return EXIT_NOTHING
@@ -91,7 +96,8 @@ def cmd_unpin(ctx: Context) -> int:
     from ckpt.cli.output import entry_document, print_json
 
     store = ctx.store()
-    chosen = _selected(ctx, store, store.pinned())
+    selects = _selection(ctx, store)
+    chosen = [e for e in store.pinned() if selects(e)]
     documents = []
     for entry in chosen:
         if store.unpin(entry):

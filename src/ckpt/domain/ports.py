@@ -209,6 +209,12 @@ class WatchStore(Store, SaveReader, Protocol):
         """
         ...
 
+    def save_of(self, location: str) -> str:
+        """Return the save path ``location`` names, checked exactly as ``publish`` checks it
+        (docs/spec/operations.md §1.2): ``InvalidError`` for a location outside the root, one with ``..``
+        or any other invalid save path. No storage is read."""
+        ...
+
     def sync_save(self, save_location: str) -> None:
         """Make the save's content durable before it is published, where the storage needs that.
 

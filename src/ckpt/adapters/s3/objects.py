@@ -2,7 +2,8 @@
 
 :class:`Bucket` knows the root's bucket and prefix and speaks to the injected client: paged listings
 (1000 keys a page, following continuation tokens), the exclusive create with ``If-None-Match: *`` (409
-conflicts retried a bounded number of times), quiet ``DeleteObjects`` 1000 keys a request reporting the
+conflicts retried a bounded number of times; a 412 tells its own earlier success from another writer's by
+the writer token, docs/spec/operations.md §2.6), quiet ``DeleteObjects`` 1000 keys a request reporting the
 keys S3 refused, and a ``GetObject`` whose body is asked for again when it breaks off mid-stream (botocore
 retries every request whose answer fails, but not a body it already handed over).
 """
@@ -10,6 +11,7 @@ retries every request whose answer fails, but not a body it already handed over)
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol
@@ -27,7 +29,7 @@ from ckpt.domain.errors import StorageError
 from ckpt.domain.s3_root import S3Root
 from ckpt.domain.saves import too_large
 
-__all__ = ["PAGE_SIZE", "Bucket", "CreateOutcome", "S3Client"]
+__all__ = ["PAGE_SIZE", "WRITER_METADATA", "Bucket", "CreateOutcome", "S3Client"]
 
 PAGE_SIZE = 1000  # ListObjectsV2 returns at most 1000 keys a page; DeleteObjects takes at most 1000 keys
 # 409 ConditionalRequestConflict: another conditional write to the key is in flight; it settles quickly.
@@ -37,6 +39,11 @@ _CONFLICT_BACKOFF_SECONDS = 0.1  # doubled after every conflict: 0.1, 0.2, 0.4
 _BODY_ATTEMPTS = 3
 
 CreateOutcome = Literal["created", "exists", "unsupported"]
+
+#: The user metadata an exclusive create carries (header ``x-amz-meta-ckpt-writer``): a fresh random token
+#: per create, so that a 412 met by botocore's retry of our own landed put is told from another writer's.
+WRITER_METADATA = "ckpt-writer"
+_WRITER_TOKEN_BYTES = 16  # 32 hex digits: two creates never draw the same token
 
 
 class S3Client(Protocol):
@@ -105,32 +112,61 @@ class Bucket:
         return bool(page.get("Contents") or page.get("KeyCount"))
 
     def create_exclusive(self, key: str, *, action: str) -> CreateOutcome:
-        """Create the empty object ``key`` with ``If-None-Match: *``; say whether it was created.
+        """Create the empty object ``key`` with ``If-None-Match: *``; say whether this call created it.
 
-        ``"exists"`` is 412 PreconditionFailed; ``"unsupported"`` is a storage that refuses the condition as
-        not implemented. 409 ConditionalRequestConflict is retried with a doubling pause, and raised
-        (translated) after the last attempt.
+        The put carries a fresh writer token as user metadata (:data:`WRITER_METADATA`). ``412
+        PreconditionFailed`` is answered by one ``HeadObject`` of the key: the object holding our token is
+        ours, created by an earlier attempt of this call whose answer was lost ("created"); any other object,
+        or none left, is another writer's ("exists"). ``"unsupported"`` is a storage that refuses the
+        condition as not implemented. 409 ConditionalRequestConflict is retried with a doubling pause, and
+        raised (translated) after the last attempt. docs/spec/operations.md §2.6.
         """
         errors = botocore_errors()
         location = self.url(key)
+        token = secrets.token_hex(_WRITER_TOKEN_BYTES)  # one per call: every attempt carries the same
         pause = _CONFLICT_BACKOFF_SECONDS
         for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
             with self.errors(action, location):
                 try:
-                    self.client.put_object(Bucket=self.root.bucket, Key=key, Body=b"", IfNoneMatch="*")
+                    self.client.put_object(
+                        Bucket=self.root.bucket,
+                        Key=key,
+                        Body=b"",
+                        IfNoneMatch="*",
+                        Metadata={WRITER_METADATA: token},
+                    )
                 except errors.ClientError as exc:
                     code, status = client_error_code(exc)
-                    if code == PRECONDITION_FAILED:
-                        return "exists"
                     if code == NOT_IMPLEMENTED or status == 501:
                         return "unsupported"
-                    if code != CONDITIONAL_CONFLICT or attempt == _CONFLICT_ATTEMPTS:
+                    refused = code == PRECONDITION_FAILED
+                    if not refused and (code != CONDITIONAL_CONFLICT or attempt == _CONFLICT_ATTEMPTS):
                         raise
                 else:
                     return "created"
+            if refused:  # asked outside the handler: no botocore error rides along
+                return "created" if self._writer_of(key, action=action) == token else "exists"
             time.sleep(pause)
             pause *= 2
         raise AssertionError("unreachable: the last conflicting attempt raises")
+
+    def _writer_of(self, key: str, *, action: str) -> str | None:
+        """The writer token the object ``key`` carries (one ``HeadObject``); ``None`` for none, or no object.
+
+        A failing ``HeadObject`` raises (translated): after a 412 the object exists, but whether this call
+        created it cannot be told, and "exists" could be false.
+        """
+        errors = botocore_errors()
+        with self.errors(f"tell who created (a 412 answered {action})", self.url(key)):
+            try:
+                answer = self.client.head_object(Bucket=self.root.bucket, Key=key)
+            except errors.ClientError as exc:
+                if client_error_code(exc)[0] in MISSING_OBJECT_CODES:
+                    return None  # removed since the 412: someone else's create happened, not this one
+                raise
+        metadata = answer.get("Metadata")
+        token = metadata.get(WRITER_METADATA) if isinstance(metadata, dict) else None
+        return token if isinstance(token, str) else None
 
     def put(self, key: str, data: bytes, *, action: str) -> None:
         """Write the object ``key`` (an acknowledged put is durable)."""

@@ -1,9 +1,9 @@
 """The pins of an S3 root: the keys under ``<prefix>pins/`` (docs/spec/layout.md §7).
 
 The same rules as the publication log (``ckpt.adapters.s3.store``): a pin is created with ``PutObject`` and
-``If-None-Match: *`` (412: it was already there), listed with ``ListObjectsV2`` and a delimiter (a common
-prefix under ``pins/`` is malformed; the zero-byte ``pins/`` marker is ignored), removed with
-``DeleteObjects``.
+``If-None-Match: *`` (412: it was already there, unless it holds this pin's writer token), listed with
+``ListObjectsV2`` and a delimiter (a common prefix under ``pins/`` is malformed; the zero-byte ``pins/``
+marker is ignored), removed with ``DeleteObjects``.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ Rules (the layout is the POSIX one: ``exec/<attempt>/...`` for saves, ``pub/<ent
 key under ``PREFIX/`` or at the top of the bucket):
 
 1. The log creates an entry with one ``PutObject`` of an empty body and ``If-None-Match: *``: ``412
-   PreconditionFailed`` means it exists; ``409 ConditionalRequestConflict`` is retried a bounded number of
-   times; a storage that does not implement the condition cannot hold a log (``StorageError``). An
-   acknowledged put is durable. docs/adr/0007-s3-conditional-create.md explains why a retried put meeting
-   its own earlier success, reported as "exists", is safe.
+   PreconditionFailed`` means it exists, unless the one ``HeadObject`` that follows finds this call's
+   writer token in it (a retried put meeting its own earlier success, docs/spec/operations.md §2.6);
+   ``409 ConditionalRequestConflict`` is retried a bounded number of times; a storage that does not
+   implement the condition cannot hold a log (``StorageError``). An acknowledged put is durable.
 2. The log is read with ``ListObjectsV2`` and ``Delimiter='/'``, 1000 keys a page, and nothing else: n
    entries cost ceil(n/1000) requests (at least one). A common prefix inside ``pub/`` is a sub-folder:
    malformed. The zero-byte ``pub/`` marker some consoles create is ``pub/`` itself and is ignored.
@@ -282,7 +282,8 @@ class S3Store(CheckpointStore):
 
     def probe_exclusive_create(self, writers: int = DEFAULT_WRITERS) -> ExclusiveCreateProbe:
         """Check that ``writers`` concurrent ``If-None-Match: *`` creates of one new key make exactly one
-        winner, the others refused with 412 (``ckpt doctor``; spec/layout.md §6).
+        winner, the others refused with 412 (``ckpt doctor``; spec/layout.md §6). Each create carries its
+        own writer token, so a winner whose answer was lost still counts as the winner.
 
         The key is ``<root>/.ckpt-doctor/<random>`` (outside ``pub/`` and ``exec/``); the creates start
         together from ``writers`` threads; the key is deleted afterwards whatever happened. A storage that
