@@ -31,7 +31,6 @@ from ckpt.domain.errors import InvalidError, MalformedError
 from ckpt.domain.journal import format_journal, parse_journal
 from ckpt.domain.names import format_entry_name, latest_entry_of_names, parse_entry_name, parse_entry_names
 from ckpt.domain.prune import Overlap, PhysicalOverlap, overlaps, plan_prune, recheck_folders
-from ckpt.domain.prune import Overlap, overlaps, plan_prune, recheck_folders
 from ckpt.domain.removing import Removing
 from ckpt.domain.s3_root import parse_s3_root
 
