@@ -30,6 +30,7 @@ PUBLIC_API = [
     "NotFoundError",
     "ProxyConfigError",
     "ProxyRule",
+    "PruneIncompleteError",
     "PrunePlan",
     "PruneResult",
     "RetentionPlan",

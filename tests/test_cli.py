@@ -173,7 +173,14 @@ class TestEntriesPruneExecDir:
         assert [e["step"] for e in dry["removed_entries"]] == [1, 2]
         assert (root / "exec/a/ck-1").exists()
         real = json.loads(ckpt("--root", str(root), "--json", "prune", "--keep", "1").stdout)
-        assert set(real) == {"dry_run", "kept", "removed_entries", "removed_folders", "skipped"}
+        assert set(real) == {
+            "dry_run",
+            "kept",
+            "removed_entries",
+            "restored_entries",
+            "removed_folders",
+            "skipped",
+        }
         assert real["dry_run"] is False
         assert sorted(real["removed_folders"]) == [f"{root}/exec/a/ck-1", f"{root}/exec/a/ck-2"]
         assert not (root / "exec/a/ck-1").exists()

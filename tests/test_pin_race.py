@@ -2,9 +2,11 @@
 puts): a pin that succeeded never loses its entry or its folder.
 
 Whatever the interleaving, the outcome is checked against the rule (``ckpt.application.pins`` rule 2):
-every pin call that returned kept its entry and its save's folder, every pin call that raised left no pin
-behind, and a
-final prune leaves exactly the latest entry and the pinned ones. The processes start together on a "go"
+every pin call that returned kept its entry and its save's folder; a pin call that raised left either no
+pin, or a pin the prunes then honoured or that names an entry removed for good (rule 2: it can only
+protect); no entry is ever listed whose folder is gone; and a final prune leaves exactly the latest entry
+and the pinned ones still listed. Two prunes at once may fail (layout.md §5.8: one pruner per root), and
+such a failure is recorded, never a loss. The processes start together on a "go"
 file; which pins win is up to the scheduler, the assertions hold for every outcome.
 """
 
@@ -64,8 +66,12 @@ WORKER = textwrap.dedent(
             except NotFoundError:
                 print(json.dumps({"step": step, "ok": False}), flush=True)
     else:
+        from ckpt.domain.errors import StorageError
         for _ in range(6):
-            store.prune(keep=1)
+            try:
+                store.prune(keep=1)
+            except StorageError as exc:  # two prunes at once (layout.md §5.8)
+                print(json.dumps({"prune_failed": str(exc)}), flush=True)
     """
 )
 
@@ -157,7 +163,8 @@ def race(where: Any, tmp_path: Path, last: int) -> dict[int, bool]:
     for out, _ in finished:
         for line in out.splitlines():
             result = json.loads(line)
-            outcomes[result["step"]] = result["ok"]
+            if "step" in result:
+                outcomes[result["step"]] = result["ok"]
     assert sorted(outcomes) == list(range(1, last))
     return outcomes
 
@@ -167,15 +174,19 @@ def check(where: Any, outcomes: dict[int, bool], last: int) -> None:
     leaves exactly the latest and the pinned."""
     store = where.store
     won = {step for step, ok in outcomes.items() if ok}
-    assert {e.step for e in store.pinned()} == won  # a pin that raised left nothing behind
+    pinned = {e.step for e in store.pinned()}
+    assert won <= pinned  # a pin that returned is there; one that raised may have left its pin
+    store.prune(keep=1)  # finishes any journal the racing prunes left (a dead or failed one)
+    store.prune(keep=1)
     listed = {e.step for e in store.entries()}
     for step in sorted(won):
         assert step in listed, f"pinned step {step} lost its entry"
         assert where.has_save(step), f"pinned step {step} lost its folder"
-    store.prune(keep=1)
-    assert {e.step for e in store.entries()} == won | {last}
+    for step in sorted(listed):
+        assert where.has_save(step), f"step {step} is listed but its folder is gone"
+    assert listed == (pinned & listed) | {last}
     assert store.entries()[-1] == Entry(1, last, f"exec/a/ck-{last}")
-    assert where.saves_left() == won | {last}
+    assert where.saves_left() == listed
 
 
 def test_posix_a_pin_that_returned_never_loses_its_entry_or_folder(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import pytest
 from ckpt.adapters.posix import JOURNAL_PREFIX, PosixStore, Syscalls
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import CkptError, ExistsError, StorageError
+from ckpt.domain.journal import TEMPORARY_MARK
 from ckpt.domain.names import format_entry_name
 from support.faulty_syscalls import Call, FaultySyscalls
 from support.saves import make_save
@@ -140,6 +141,7 @@ def recorded(calls: list[Call]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for operation, target in calls:
         written = re.sub(re.escape(JOURNAL_PREFIX) + "[0-9a-f]+", "<journal>", target)
+        written = re.sub(re.escape(TEMPORARY_MARK) + "[0-9a-f]+", TEMPORARY_MARK + "<hex>", written)
         for placeholder, name in PLACEHOLDERS.items():
             written = written.replace(name, placeholder)
         if operation == "stat" and written.split("/")[0] == "..":
@@ -351,11 +353,23 @@ PRUNE_CALLS = """
     unlink pub/<entry-2>
     fsync pub
     close pub
-    open pins                       the re-read: pins/ first, then pub/
-    open pub
+    open pub                        the re-read: pub/ first, then pins/ (ckpt.domain.journal rule 3)
     scandir pub
     readdir pub
     close pub
+    open pins
+    open .                          the decision: written whole under a temporary name, linked into place
+    open <journal>.decided.tmp-<hex>
+    write <journal>.decided.tmp-<hex>
+    fsync <journal>.decided.tmp-<hex>
+    close <journal>.decided.tmp-<hex>
+    link <journal>.decided
+    unlink <journal>.decided.tmp-<hex>
+    fsync .
+    close .
+    open .                          and the journal checked to be still there
+    lstat <journal>
+    close .
     realpath exec/a/ck-3            the re-check, again   : each kept save and candidate resolved and
     stat exec/a/ck-3                identified, with every ancestor up to / (each once)
     stat exec/a
@@ -410,6 +424,7 @@ PRUNE_CALLS = """
     close .
     open .                          the job is done: the journal goes
     unlink <journal>
+    unlink <journal>.decided        after its journal, never before
     fsync .
     close .
 """
@@ -475,8 +490,13 @@ class TestPruneSteps:
         calls = FaultySyscalls(str(root))
         calls.fail(step.operation, call_number(PRUNE_STEPS, index, root), err)
         store = PosixStore(str(root), syscalls=calls)
-        if step.operation == "close" and step.target != "<journal>":
+        written = step.target.startswith("<journal>")
+        if step.operation == "close" and not written:
             store.prune(1)  # closing a descriptor that was only read loses nothing
+        elif step.operation == "unlink" and TEMPORARY_MARK in step.target:
+            store.prune(1)  # the decision is in place; its temporary name is left for the next prune
+            assert [n for n in os.listdir(root) if TEMPORARY_MARK in n]
+            PosixStore(str(root)).prune(1)
         else:
             with pytest.raises(StorageError) as caught:
                 store.prune(1)

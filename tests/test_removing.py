@@ -92,7 +92,7 @@ def _killed_prune_state(root: Path) -> tuple[PosixStore, str, str]:
     store.publish(EPOCH, 10, older)
     store.publish(EPOCH, 20, newer)
     calls = FaultySyscalls(str(root))
-    calls.fail("unlink", nth=2, error=errno.EIO)  # 1: the entry; 2: the save's first file
+    calls.fail("unlink", nth=3, error=errno.EIO)  # 1: the entry; 2: the decision's temporary name; 3: a file
     with pytest.raises(StorageError, match="the next prune removes them"):
         PosixStore(str(root), syscalls=calls).prune(1)
     assert [e.step for e in store.entries()] == [20]
@@ -101,7 +101,7 @@ def _killed_prune_state(root: Path) -> tuple[PosixStore, str, str]:
 
 
 def _journal_path(root: Path) -> str:
-    (journal,) = (p for p in root.iterdir() if p.name.startswith(JOURNAL_PREFIX))
+    (journal,) = (p for p in root.iterdir() if p.name.startswith(JOURNAL_PREFIX) and "." not in p.name[1:])
     return str(journal)
 
 

@@ -568,9 +568,13 @@ class TestPrune:
         for step in (1, 2):
             http.put(f"exec/a/ck-{step}/model.bin")
             store.publish(1, step, store.location(Entry(1, step, f"exec/a/ck-{step}")))
-        answer_instead(client, "DeleteObjects", 200, _refuse_every_key("NoSuchKey"), times=1)
+        folder = b"exec/a/ck-1/"
+        answer_instead(
+            client, "DeleteObjects", 200, _refuse_every_key("NoSuchKey"), when=lambda r: folder in r.body
+        )
         result = store.prune(1)
         assert [e.step for e in result.removed_entries] == [1]
+        assert result.removed_folders == (store.location(Entry(1, 1, "exec/a/ck-1")),)
 
 
 class TestPruneJournal:
@@ -592,13 +596,20 @@ class TestPruneJournal:
             "ListObjectsV2",  # journals earlier prunes left: none
             "PutObject",  # this prune's journal
             "DeleteObjects",  # the entry
-            "ListObjectsV2",  # the re-read: the pins
             "ListObjectsV2",  # the re-read: the entries
+            "ListObjectsV2",  # the re-read: the pins
+            "PutObject",  # the journal's decision, If-None-Match: *
+            "HeadObject",  # the journal still there
             "ListObjectsV2",  # the folder's objects
             "DeleteObjects",  # the folder
             "DeleteObject",  # the journal
+            "DeleteObject",  # its decision
         ]
-        assert journals == [b"ckpt prune journal 1\nexec/a/ck-1\nend\n"]
+        entry = format_entry_name(Entry(1, 1, "exec/a/ck-1"))
+        assert journals == [
+            f"ckpt prune journal 2\nfolder exec/a/ck-1\nentry {entry}\nend\n".encode(),
+            f"ckpt prune decision 1\n{entry}\nend\n".encode(),
+        ]
         assert moto.keys(f"{ROOT_PREFIX}/.ckpt-prune-") == []
 
     def test_a_failed_prune_leaks_no_folder_and_the_next_finishes(self, http: OverHttp) -> None:
@@ -619,7 +630,7 @@ class TestPruneJournal:
         assert "the next prune removes them" in str(caught.value)
         assert [e.step for e in store.entries()] == [3]  # the entries went before the folders
         assert http.keys("exec/a/ck-1/") == ["exec/a/ck-1/model.bin"]
-        assert len(http.keys(".ckpt-prune-")) == 1
+        assert len(http.keys(".ckpt-prune-")) == 2  # the journal and its decision
         clean = S3Store(store.root, http.client)
         result = clean.prune(1)
         assert result.removed_entries == ()

@@ -28,7 +28,15 @@ from ckpt.domain.entries import (
     validate_save,
 )
 from ckpt.domain.errors import InvalidError, MalformedError
-from ckpt.domain.journal import format_journal, parse_journal
+from ckpt.domain.journal import (
+    JournalContent,
+    decide,
+    format_decision,
+    format_journal,
+    parse_decision,
+    parse_journal,
+    read_journal,
+)
 from ckpt.domain.names import format_entry_name, latest_entry_of_names, parse_entry_name, parse_entry_names
 from ckpt.domain.prune import Overlap, PhysicalOverlap, overlaps, plan_prune, recheck_folders
 from ckpt.domain.removing import Removing
@@ -48,6 +56,7 @@ VECTOR_FILES = (
     "prune",
     "prune_recheck",
     "journal",
+    "decision",
     "removing",
     "s3_roots",
 )
@@ -167,7 +176,7 @@ class TestVectorFiles:
         assert duplicates == []
 
     @pytest.mark.parametrize(
-        "stem", ["names", "numbers", "saves", "attempts", "prune", "journal", "s3_roots"]
+        "stem", ["names", "numbers", "saves", "attempts", "prune", "journal", "decision", "s3_roots"]
     )
     def test_invalid_cases_carry_a_reason_and_a_note(self, stem: str) -> None:
         """Every invalid case has a kebab-case reason code and a human note."""
@@ -500,18 +509,45 @@ class TestPruneJournal:
     @pytest.mark.parametrize("case", JOURNAL_FORMAT_CASES)
     def test_format(self, case: Case) -> None:
         """A journal is written byte for byte as the vector says."""
-        assert format_journal(case["folders"]) == case["text"].encode("utf-8")
+        entries = [parse_entry_name(name) for name in case["entries"]]
+        assert format_journal(case["folders"], entries) == case["text"].encode("utf-8")
 
     @pytest.mark.parametrize("case", cases("journal", valid=True))
     def test_parse(self, case: Case) -> None:
-        """A journal lists the vector's folders; an unfinished one lists none."""
+        """A journal lists the vector's folders and entries; an unfinished one lists none."""
         assert parse_journal("j", bytes_of(case, "text")) == case["folders"]
+        content = read_journal("j", bytes_of(case, "text"))
+        assert [format_entry_name(e) for e in content.entries] == case["entries"]
 
     @pytest.mark.parametrize("case", cases("journal", valid=False))
     def test_refused(self, case: Case) -> None:
         """A finished journal with a bad header or folder is MalformedError naming the journal."""
         with pytest.raises(MalformedError, match=re.escape("/root/.ckpt-prune-0")):
             parse_journal("/root/.ckpt-prune-0", bytes_of(case, "text"))
+
+
+class TestPruneDecision:
+    """``decide``, ``format_decision`` and ``parse_decision`` on ``decision.json``."""
+
+    @pytest.mark.parametrize("case", cases("decision", valid=True))
+    def test_decide_format_and_parse(self, case: Case) -> None:
+        """The entries removed for good, the decision's text byte for byte, and the text read back."""
+
+        def entries(key: str) -> list[Entry]:
+            return [parse_entry_name(name) for name in case[key]]
+
+        removed = decide(
+            JournalContent((), tuple(entries("journal_entries"))), entries("present"), entries("pinned")
+        )
+        assert sorted(format_entry_name(e) for e in removed) == case["removed"]
+        assert format_decision(removed) == case["text"].encode("utf-8")
+        assert parse_decision("d", case["text"].encode("utf-8")) == removed
+
+    @pytest.mark.parametrize("case", cases("decision", valid=False))
+    def test_refused(self, case: Case) -> None:
+        """A decision that is unfinished, of another version or lists a bad entry is MalformedError."""
+        with pytest.raises(MalformedError, match=re.escape("/root/.ckpt-prune-0.decided")):
+            parse_decision("/root/.ckpt-prune-0.decided", bytes_of(case, "text"))
 
 
 class TestS3Roots:

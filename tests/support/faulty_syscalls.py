@@ -28,8 +28,8 @@ __all__ = ["OPERATIONS", "Call", "FaultySyscalls"]
 # Every operation that can be failed: the Syscalls methods, and "readdir", reading a listing's entries
 # (counted once per listing, when its first entry is asked for).
 OPERATIONS = frozenset(
-    {"open", "close", "fsync", "read", "write", "mkdir", "rename", "unlink", "rmdir", "scandir", "readdir"}
-    | {"stat", "lstat", "fstat", "realpath"}
+    {"open", "close", "fsync", "read", "write", "mkdir", "rename", "link", "unlink", "rmdir"}
+    | {"scandir", "readdir", "stat", "lstat", "fstat", "realpath"}
 )
 
 
@@ -152,6 +152,13 @@ class FaultySyscalls(Syscalls):
         target = self._label(dst, dir_fd)
         fault = self._enter("rename", target, dst)
         os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        self._leave(fault, dst)
+
+    def link(self, src: str, dst: str, *, dir_fd: int | None = None) -> None:
+        """``os.link`` within one folder, recorded (the target is the new name)."""
+        target = self._label(dst, dir_fd)
+        fault = self._enter("link", target, dst)
+        os.link(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
         self._leave(fault, dst)
 
     def unlink(self, path: str, *, dir_fd: int | None = None) -> None:

@@ -38,12 +38,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING
 
-import attrs
-
 from ckpt.domain.arguments import require_bool, require_instance, require_int
 from ckpt.domain.entries import PUB_DIR_NAME, Entry
 from ckpt.domain.errors import ExistsError, MalformedError, StorageError
-from ckpt.domain.journal import format_journal, parse_journal
 from ckpt.domain.locator import Locator
 from ckpt.domain.names import LatestEntryScan, format_entry_name, latest_entry_of_names, parse_entry_names
 from ckpt.domain.ports import (
@@ -62,10 +59,10 @@ from ckpt.domain.saves import MAX_READ_BYTES, check_save_kind, validate_file_nam
 
 if TYPE_CHECKING:
     from ckpt.domain.follow import Followed, StopSignal
+    from ckpt.domain.journal import Journal
     from ckpt.domain.removing import Removing
 
 __all__ = ["CheckpointStore"]
-_MAX_REFUSED_IN_MESSAGE = 10
 
 
 class CheckpointStore:
@@ -208,27 +205,33 @@ class CheckpointStore:
     def prune(self, keep: int, *, keep_every: int | None = None, dry_run: bool = False) -> PruneResult:
         """Remove the entries no retention tier keeps, then the folders only they named (rule 3).
 
-        Pinned entries are kept, and every folder a pin names; the pins are read again with the entries
-        after the removals, and an entry pinned meanwhile is put back (``ckpt.application.pins`` rule 2).
+        Pinned entries are kept, and every folder a pin names; after the removals the entries and then the
+        pins are read again and the journals decided (``ckpt.application.decisions``): an entry pinned
+        meanwhile is put back, by this prune or, if it fails, by the next one.
         """
         from ckpt.application.pins import pinned_entries
-        from ckpt.domain.prune import SKIP_ANOTHER_PATH, Overlap, leftover_folders, recheck_folders
-        from ckpt.domain.retention import SKIP_PINNED, plan_retention
+        from ckpt.domain.prune import SKIP_ANOTHER_PATH, Overlap, leftover_folders
+        from ckpt.domain.retention import plan_retention
 
         require_int(keep, "keep")
         if keep_every is not None:
             require_int(keep_every, "keep_every")
         require_bool(dry_run, "dry_run")
+        from ckpt.application.pruning import PruneRun
+
         entries = self.entries()
         pins = pinned_entries(self)
+        journals, orphans = self._control()
+        run = PruneRun(self, (self._log, self._tree, self._journal, self._locator))
+        if not dry_run:
+            entries = run.inherit(journals, orphans, entries, pins)
         retention = plan_retention(entries, keep, keep_every=keep_every, pinned=pins)
         plan = retention.prune_plan
-        journals = self._journal.read_journals() if self._journal is not None else []
-        pinned_saves = Overlap(p.save for p in pins)
+        # A folder a pin or a spared entry names is not inherited (layout.md §5.6).
+        spared = run.inherited_spared if not dry_run else {e for j in journals for e in j.spared}
+        protected = Overlap([*(p.save for p in pins), *(e.save for e in spared)])
         left = tuple(
-            f
-            for f in leftover_folders(plan, (f for name, data in journals for f in parse_journal(name, data)))
-            if not pinned_saves(f)
+            f for f in leftover_folders(plan, (f for j in journals for f in j.folders)) if not protected(f)
         )
         # Before the journal, so that the journal, a dry run and the result agree (§5.11).
         needed = self._physically_needed((k.entry.save for k in retention.kept), pins, (*plan.folders, *left))
@@ -239,54 +242,31 @@ class CheckpointStore:
         if dry_run:
             folders = tuple(self._locator.location(f) for f in (*planned, *left))
             return PruneResult(plan.remove, folders, tuple(early), dry_run=True, kept=retention.kept)
-        journal = None
-        if self._journal is not None and (planned or left):
-            journal = self._journal.write_journal(format_journal((*planned, *left)))
-        removed_names = set(self._log.remove([format_entry_name(e) for e in plan.remove]))
-        # Read again: an entry published or pinned since the plan was made still protects its folder, and
-        # an entry this prune removed that is pinned now is put back (ckpt.application.pins rule 2).
-        pins = pinned_entries(self)
-        restored = {e for e in plan.remove if format_entry_name(e) in removed_names} & set(pins)
-        for entry in sorted(restored, key=lambda e: e.key):
-            self._log.create(format_entry_name(entry))
-        removed = tuple(e for e in plan.remove if format_entry_name(e) in removed_names and e not in restored)
-        pinned_now = Overlap(p.save for p in pins)
-        saves_now = [e.save for e in self.entries()]
-        check = recheck_folders(
-            planned,
-            left,
-            [*saves_now, *(p.save for p in pins)],
-            self._physically_needed(saves_now, pins, (*planned, *left)),
+        run.start(plan.remove, planned, left)
+        skipped = run.finish(self._physically_needed)
+        return PruneResult(
+            run.removed_entries(),
+            tuple(run.removed_folders),
+            (*early, *skipped),
+            kept=retention.kept,
+            restored=tuple(sorted(run.restored, key=lambda e: e.key)),
         )
-        check = attrs.evolve(
-            check,
-            skipped=tuple((f, SKIP_PINNED if pinned_now(f) else why) for f, why in check.skipped),
-        )
-        try:
-            outcomes = self._tree.remove_saves(check.remove) if check.remove else []
-        except StorageError as exc:
-            raise _with_journal_note(exc, journal) from exc
-        skipped = [*early, *(SkippedFolder(self._locator.location(f), why) for f, why in check.skipped)]
-        removed_folders: list[str] = []
-        refused: list[tuple[str, str]] = []
-        for outcome in outcomes:
-            refused.extend(outcome.refused)
-            if outcome.skipped is not None:
-                skipped.append(SkippedFolder(self._locator.location(outcome.save), outcome.skipped))
-            elif not outcome.refused:
-                removed_folders.append(self._locator.location(outcome.save))
-        if refused:
-            raise _with_journal_note(
-                StorageError(
-                    f"prune removed {len(removed)} entries and {len(removed_folders)} folders, but the "
-                    f"storage refused to delete {len(refused)} objects: {_refused_text(refused)}",
-                    location=refused[0][0],
-                ),
-                journal,
-            )
-        if self._journal is not None and (journals or journal):
-            self._journal.drop_journals([*(name for name, _ in journals), *([journal] if journal else [])])
-        return PruneResult(removed, tuple(removed_folders), tuple(skipped), kept=retention.kept)
+
+    def create_entry(self, name: str) -> bool:
+        """Create the entry ``name`` exclusively and durably (a pin's put-back, ``ckpt.application.pins``)."""
+        return self._log.create(name)
+
+    def prune_journals(self) -> list[Journal]:
+        """Return the prune journals left in the store, each with its decision (none without journals)."""
+        return self._control()[0]
+
+    def _control(self) -> tuple[list[Journal], list[str]]:
+        """The journals earlier prunes left, each with its decision, and the orphan decisions."""
+        from ckpt.domain.journal import read_control
+
+        if self._journal is None:
+            return [], []
+        return read_control(self._journal.read_journals())
 
     def _physically_needed(
         self, saves: Iterable[str], pins: Iterable[Entry], folders: Sequence[str]
@@ -342,20 +322,3 @@ class CheckpointStore:
         save = self._locator.save_of(save_location)
         if self._syncs is not None:
             self._syncs.sync_save(save)
-
-
-def _refused_text(refused: Sequence[tuple[str, str]]) -> str:
-    """Return "location (code), ..." for the first few refused objects, and how many more there are."""
-    shown = ", ".join(f"{location} ({code})" for location, code in refused[:_MAX_REFUSED_IN_MESSAGE])
-    more = len(refused) - _MAX_REFUSED_IN_MESSAGE
-    return shown + (f", and {more} more" if more > 0 else "")
-
-
-def _with_journal_note(error: StorageError, journal: str | None) -> StorageError:
-    """Return ``error`` saying where the folders still to remove are listed, when a journal was written."""
-    if journal is None:
-        return error
-    note = f"; the folders still to remove are listed in {journal}, and the next prune removes them"
-    again = type(error)(f"{error}{note}", location=error.location)
-    again.__cause__ = error.__cause__
-    return again

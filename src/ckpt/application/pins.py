@@ -9,11 +9,16 @@ Rules this module keeps:
 
 1. Pinning an entry that is not in the publication log is ``NotFoundError``; nothing is created.
 2. Pinning is: check the entry is listed, create the pin exclusively (a pin already there is fine: pinning
-   twice is not an error), then list the entries again. If the entry is gone by then, a prune removed it
-   meanwhile and may not have seen the pin: a pin this call created is removed again and ``NotFoundError``
-   raised. Together with prune's discipline (it reads the pins again after removing entries, puts back any
-   pinned entry it removed, and keeps every folder a pin names), a pin that returned never loses its entry
-   or its folder.
+   twice is not an error), then list the entries again. If the entry is still there, the pin holds: every
+   prune that removes the entry afterwards reads the pins after removing it, sees the pin, and its decision
+   spares the entry (``ckpt.domain.journal`` rule 3), which that prune or the next puts back. If the entry
+   is gone, a prune is removing it: when a prune journal's decision lists it as removed for good, that
+   prune read the pins before this pin existed, so a pin this call created is removed again (no other
+   pinner can have relied on it: they would have seen the entry present after it was made, and then every
+   decision spares it), or when no journal lists it; when every journal that lists it is decided and spares
+   it, it is put back here as a prune would, and the pin holds; otherwise (a journal not decided yet) the
+   pin is left (it can only protect: the deciding prune spares and puts back the entry if it reads the
+   pin) and ``NotFoundError`` says so.
 3. Unpinning removes the pin if there is one; unpinning twice, or an entry never pinned, is not an error.
 4. A name in ``pins/`` that is not an entry name, or anything there that is not a plain object (a folder),
    is ``MalformedError``, as in ``pub/``; ``prune`` then refuses to run (it cannot tell what is protected).
@@ -27,6 +32,7 @@ from typing import Protocol
 from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import PINS_DIR_NAME, Entry
 from ckpt.domain.errors import MalformedError, NotFoundError
+from ckpt.domain.journal import Journal
 from ckpt.domain.names import format_entry_name, parse_entry_names
 
 __all__ = ["PinLog", "parse_pin_names", "pin_entry", "pinned_entries", "unpin_entry"]
@@ -57,6 +63,15 @@ class PinLog(Protocol):
         """Remove the pins ``names``; an absent one is not an error. Durable when it returns."""
         ...
 
+    def prune_journals(self) -> list[Journal]:
+        """Return the prune journals left in the store, each with its decision (none without journals)."""
+        ...
+
+    def create_entry(self, name: str) -> bool:
+        """Create the entry ``name`` in ``pub/`` exclusively and durably, as publish does (rule 2's put-back:
+        an entry every decision spares); False when it was there."""
+        ...
+
 
 def parse_pin_names(names: Iterable[str]) -> list[Entry]:
     """Return the entries the pin ``names`` name, ascending; ``MalformedError`` for a bad one (rule 4)."""
@@ -75,19 +90,26 @@ def pinned_entries(log: PinLog) -> list[Entry]:
 def pin_entry(log: PinLog, entry: Entry) -> bool:
     """Pin ``entry`` (rules 1, 2); return True when this call created the pin, False when it was pinned."""
     name = format_entry_name(require_instance(entry, Entry, "entry"))
+    what = f"epoch {entry.epoch} step {entry.step} save {entry.save}"
     if entry not in set(log.entries()):
-        raise NotFoundError(
-            f"cannot pin epoch {entry.epoch} step {entry.step} save {entry.save}: no such entry is published",
-            location=name,
-        )
+        raise NotFoundError(f"cannot pin {what}: no such entry is published", location=name)
     created = log.create_pin(name)
     if entry in set(log.entries()):
         return created
-    if created:
-        log.remove_pins([name])
+    listing = [j for j in log.prune_journals() if entry in j.content.entries]
+    if not listing or any(j.removed is not None and entry in j.removed for j in listing):
+        if created:
+            log.remove_pins([name])
+        raise NotFoundError(
+            f"cannot pin {what}: a prune removed the entry while it was being pinned", location=name
+        )
+    if all(j.removed is not None for j in listing):  # every decision spares it: put it back, as prune does
+        log.create_entry(name)
+        if entry in set(log.entries()):
+            return created
     raise NotFoundError(
-        f"cannot pin epoch {entry.epoch} step {entry.step} save {entry.save}: a prune removed the entry "
-        "while it was being pinned",
+        f"cannot pin {what}: a prune is removing the entry ({listing[0].identifier}); the pin is left, and "
+        "the prune puts the entry back if it reads the pin: once no prune runs, pin it again to know",
         location=name,
     )
 

@@ -52,6 +52,7 @@ def prune_document(store: Store, result: PruneResult) -> dict[str, Any]:
             {**entry_document(store, k.entry), "reasons": [r.value for r in k.reasons]} for k in result.kept
         ],
         "removed_entries": [entry_document(store, e) for e in result.removed_entries],
+        "restored_entries": [entry_document(store, e) for e in result.restored],
         "removed_folders": list(result.removed_folders),
         "skipped": [{"location": s.location, "reason": s.reason} for s in result.skipped],
     }

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ckpt.cli import EXIT_NOTHING, EXIT_OK, Context, UsageError, whole_number
-from ckpt.domain.errors import NotFoundError
+from ckpt.domain.errors import NotFoundError, PruneIncompleteError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -26,7 +26,11 @@ def cmd_prune(ctx: Context) -> int:
     every = ctx.args.keep_every
     keep_every = None if every is None else whole_number(every, "--keep-every", minimum=1)
     store = ctx.store()
-    result = store.prune(keep, keep_every=keep_every, dry_run=ctx.args.dry_run)
+    try:
+        result = store.prune(keep, keep_every=keep_every, dry_run=ctx.args.dry_run)
+    except PruneIncompleteError as exc:
+        _say_what_was_left(ctx, store, exc)
+        raise  # the error line and exit 1 (cli.md §7.3)
     if ctx.json:
         print_json(prune_document(store, result), ctx.stdout)
         return EXIT_OK
@@ -37,13 +41,42 @@ def cmd_prune(ctx: Context) -> int:
         ctx.say(f"kept entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} ({why})")
     for entry in result.removed_entries:
         ctx.say(f"{verb} entry: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
+    for entry in result.restored:
+        ctx.say(f"put back entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} (pinned)")
     for folder in result.removed_folders:
         ctx.say(f"{verb} folder: {folder}")
     for skip in result.skipped:
         ctx.say(f"kept folder: {skip.location} ({skip.reason})")
-    if not (result.removed_entries or result.removed_folders or result.skipped):
+    if not (result.removed_entries or result.removed_folders or result.skipped or result.restored):
         ctx.say("nothing to prune")
     return EXIT_OK
+
+
+def _say_what_was_left(ctx: Context, store: WatchStore, exc: PruneIncompleteError) -> None:
+    """What a prune that failed half way had done, on stderr, or as the JSON document (cli.md §7.3)."""
+    from ckpt.cli.output import entry_document, print_json
+
+    if ctx.json:
+        print_json(
+            {
+                "incomplete": True,
+                "error": str(exc),
+                "journal": exc.journal,
+                "removed_entries": [entry_document(store, e) for e in exc.removed_entries],
+                "removed_folders": list(exc.removed_folders),
+                "restored_entries": [entry_document(store, e) for e in exc.restored],
+            },
+            ctx.stdout,
+        )
+        return
+    for entry in exc.removed_entries:
+        ctx.warn(f"removed entry: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
+    for folder in exc.removed_folders:
+        ctx.warn(f"removed folder: {folder}")
+    for entry in exc.restored:
+        ctx.warn(f"put back entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} (pinned)")
+    if exc.journal is not None:
+        ctx.warn(f"left journal: {exc.journal} (the next prune finishes the job)")
 
 
 def _selection(ctx: Context, store: WatchStore) -> Callable[[Entry], bool]:

@@ -11,7 +11,8 @@
     ├── MalformedError(ValueError)              a stored value that does not parse: an entry name (exit 5)
     ├── ExistsError(FileExistsError)            the entry is already published; carries it (exit 4)
     ├── StorageError(OSError)                   the storage failed or refused (exit 1)
-    │   └── NotFoundError(FileNotFoundError)    the root or the bucket does not exist (exit 1)
+    │   ├── NotFoundError(FileNotFoundError)    the root or the bucket does not exist (exit 1)
+    │   └── PruneIncompleteError                a prune failed half way: says what it left (exit 1)
     ├── CredentialsError(PermissionError)       a credential source is broken or refused (exit 1)
     └── ScanTimeoutError(TimeoutError)          a watcher scan exceeded its timeout (exit 1)
 
@@ -43,6 +44,7 @@ __all__ = [
     "MalformedError",
     "NotFoundError",
     "ProxyConfigError",
+    "PruneIncompleteError",
     "SaveNotFoundError",
     "ScanTimeoutError",
     "StorageError",
@@ -130,6 +132,31 @@ class StorageError(CkptError, OSError):
 
 class NotFoundError(StorageError, FileNotFoundError):
     """The root, bucket, folder or save the operation needs does not exist."""
+
+
+class PruneIncompleteError(StorageError):
+    """A prune failed after it began to change the store (docs/spec/operations.md §5.12).
+
+    ``journal`` names the journal it left (the next prune finishes the job), ``removed_entries`` the entries
+    it had removed for good, ``removed_folders`` the folders it had removed (locations), and ``restored`` the
+    entries it had put back; the message says the same. ``__cause__`` is the failure itself.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        location: str | None = None,
+        journal: str | None = None,
+        removed_entries: tuple[Entry, ...] = (),
+        removed_folders: tuple[str, ...] = (),
+        restored: tuple[Entry, ...] = (),
+    ) -> None:
+        super().__init__(message, location=location)
+        self.journal = journal
+        self.removed_entries = removed_entries
+        self.removed_folders = removed_folders
+        self.restored = restored
 
 
 class CredentialsError(CkptError, PermissionError):

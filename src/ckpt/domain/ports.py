@@ -71,6 +71,7 @@ class PruneResult:
     skipped: tuple[SkippedFolder, ...]
     dry_run: bool = False
     kept: tuple[Kept, ...] = ()  # every entry kept, with why (latest, every, pinned), ascending
+    restored: tuple[Entry, ...] = ()  # entries a pin spared, created again by this prune, ascending
 
 
 @attrs.frozen
@@ -398,11 +399,27 @@ class PruneJournal(Protocol):
         ...
 
     def read_journals(self) -> list[tuple[str, bytes]]:
-        """Return every journal as ``(identifier, content)``, sorted by identifier."""
+        """Return every journal and every decision as ``(identifier, content)``, sorted by identifier.
+
+        One listing of the names that start with ``JOURNAL_PREFIX`` and one read each; a decision's
+        identifier is its journal's followed by ``DECISION_SUFFIX`` (``ckpt.domain.journal``).
+        """
+        ...
+
+    def create_decision(self, journal: str, data: bytes) -> bool:
+        """Create the decision of ``journal`` holding ``data``, exclusively and whole: True when this call
+        created it, False when one was there already (it is left as it is). Durable when it returns True;
+        a reader never sees a part of it."""
+        ...
+
+    def journal_exists(self, identifier: str) -> bool:
+        """Return True when the journal ``identifier`` is still there (POSIX one ``lstat``, S3 one
+        ``HeadObject``)."""
         ...
 
     def drop_journals(self, identifiers: Sequence[str]) -> None:
-        """Remove these journals; one already gone is not an error. Durable when it returns."""
+        """Remove these journals and decisions, in the order given (a journal before its decision); one
+        already gone is not an error. Durable when it returns."""
         ...
 
 

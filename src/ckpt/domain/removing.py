@@ -8,8 +8,10 @@ order). The watcher, catch-up and verified resolve ask :class:`Removing` before 
 
 Rules:
 
-1. The folders of a journal are read by ``ckpt.domain.journal.parse_journal``: an unfinished journal lists
-   nothing, so it makes no tombstone (its prune removed nothing yet).
+1. The folders of a journal are read by ``ckpt.domain.journal.read_control``: an unfinished journal lists
+   nothing, so it makes no tombstone (its prune removed nothing yet). A folder that an entry the journal's
+   decision spares overlaps is no tombstone either: that entry is (or is about to be again) published, and
+   no prune removes its folder (layout.md §5.10).
 2. "Being removed" is overlap by path element (``ckpt.domain.prune.Overlap``): the save equals a listed
    folder, lies inside one, or contains one. ``exec/a/ck-1`` is not touched by a journal listing
    ``exec/a/ck-10``.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ckpt.domain.journal import parse_journal
+from ckpt.domain.journal import Journal, read_control
 from ckpt.domain.prune import Overlap
 
 __all__ = ["NEVER_REMOVING", "Removing", "being_removed_reason"]
@@ -47,9 +49,10 @@ class Removing:
 
     @classmethod
     def of_journals(cls, journals: Sequence[tuple[str, bytes]]) -> Removing:
-        """Return the tombstones of journals read as ``(identifier, content)`` (rule 1: ``MalformedError``
-        for a complete journal that is not well formed, as prune reports it)."""
-        return cls((name, parse_journal(name, data)) for name, data in journals)
+        """Return the tombstones of journals and decisions read as ``(identifier, content)`` (rule 1:
+        ``MalformedError`` for a complete journal or a decision that is not well formed, as prune reports
+        it)."""
+        return cls((j.identifier, _tombstones(j)) for j in read_control(journals)[0])
 
     def __bool__(self) -> bool:
         """True when some journal lists a folder: only then can any save be being removed."""
@@ -64,6 +67,12 @@ class Removing:
             if overlap(save):
                 return name
         return None
+
+
+def _tombstones(journal: Journal) -> list[str]:
+    """The journal's folders that no entry its decision spares overlaps (rule 1)."""
+    spared = Overlap(e.save for e in journal.spared)
+    return [f for f in journal.folders if not spared(f)]
 
 
 #: The answer of a store without journals (the in-memory one): nothing is ever being removed.

@@ -17,6 +17,7 @@ Every instance has its own state (no class-level sharing); a lock makes it safe 
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ from ckpt.application.checkpoint_store import CheckpointStore
 from ckpt.domain.arguments import require_str
 from ckpt.domain.entries import PUB_DIR_NAME
 from ckpt.domain.errors import CredentialsError, InvalidError, MalformedError
+from ckpt.domain.journal import DECISION_SUFFIX, JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
 from ckpt.domain.ports import FileInfo, SaveRemoval
 from ckpt.domain.prune import SKIP_ALREADY_GONE
@@ -159,6 +161,43 @@ class _MemoryPins:
             return removed
 
 
+class _MemoryJournal:
+    """The prune journals and their decisions in memory (the ``PruneJournal`` port), so that prune and pin
+    take the same steps here as on POSIX and S3 (docs/spec/layout.md §5)."""
+
+    def __init__(self, lock: threading.RLock, root: str) -> None:
+        self.lock = lock
+        self.root = root
+        self.objects: dict[str, bytes] = {}
+
+    def write_journal(self, data: bytes) -> str:
+        with self.lock:
+            name = f"{self.root}/{JOURNAL_PREFIX}{secrets.token_hex(8)}"
+            self.objects[name] = bytes(data)
+            return name
+
+    def read_journals(self) -> list[tuple[str, bytes]]:
+        with self.lock:
+            return sorted(self.objects.items())
+
+    def create_decision(self, journal: str, data: bytes) -> bool:
+        with self.lock:
+            name = journal + DECISION_SUFFIX
+            if name in self.objects:
+                return False
+            self.objects[name] = bytes(data)
+            return True
+
+    def journal_exists(self, identifier: str) -> bool:
+        with self.lock:
+            return identifier in self.objects
+
+    def drop_journals(self, identifiers: Sequence[str]) -> None:
+        with self.lock:
+            for identifier in identifiers:
+                self.objects.pop(identifier, None)
+
+
 class InMemoryStore(CheckpointStore):
     """A checkpoint root held in memory. Locations look like ``memory://<name>/<save>``."""
 
@@ -170,7 +209,8 @@ class InMemoryStore(CheckpointStore):
         self._memory = _MemoryTree(f"memory://{name}")
         locator = Locator(self._memory.root, scheme="memory://", form="a memory:// location")
         self._memory_pins = _MemoryPins(self._memory.lock)
-        super().__init__(self._memory, self._memory, locator, pins=self._memory_pins)
+        journal = _MemoryJournal(self._memory.lock, self._memory.root)
+        super().__init__(self._memory, self._memory, locator, journal, pins=self._memory_pins)
 
     # -- building trees in tests -----------------------------------------------------------------------
 

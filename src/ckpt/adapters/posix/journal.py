@@ -1,4 +1,5 @@
-"""The prune journal on POSIX: ``<root>/.ckpt-prune-<16 hex>`` files (format: ``ckpt.domain.journal``).
+"""The prune journal on POSIX: ``<root>/.ckpt-prune-<16 hex>`` files and their decisions
+``<root>/.ckpt-prune-<16 hex>.decided`` (format: ``ckpt.domain.journal``).
 
 Rules:
 
@@ -7,15 +8,21 @@ Rules:
 2. Journals are found by one listing of the root and read without following links; only regular files whose
    name starts with the prefix count.
 3. Dropping a journal unlinks it and fsyncs the root; one another prune dropped first is not an error.
+4. A decision is created whole and exclusively: written to ``<journal>.decided.tmp-<16 hex>`` (``O_EXCL``),
+   fsynced and closed, then hard-linked to its name (``link`` fails with ``EEXIST`` when another decider
+   was first: atomic on local file systems and on NFS alike), the temporary name unlinked and the root
+   fsynced. A reader never sees a part of a decision. A temporary name a kill (or a failed unlink) leaves is
+   an orphan the next prune drops (``ckpt.domain.journal`` rule 4).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import suppress
 
 from ckpt.adapters.posix.syscalls import CREATE_FLAGS, READ_FLAGS, PosixRoot, storage_error
-from ckpt.domain.journal import JOURNAL_PREFIX
+from ckpt.domain.journal import DECISION_SUFFIX, JOURNAL_PREFIX, TEMPORARY_MARK
 
 __all__ = ["PosixJournal"]
 
@@ -83,26 +90,78 @@ class PosixJournal:
         path = self._path(name)
         root_fd = at.open_root()
         try:
+            self._write_new(root_fd, name, data, "journal", path)
             try:
-                fd = at.sys.open(name, CREATE_FLAGS, 0o644, dir_fd=root_fd)
-            except OSError as exc:
-                raise storage_error("create the prune journal", path, exc) from exc
-            try:
-                written = 0
-                while written < len(data):
-                    written += at.sys.write(fd, data[written:])
-                at.sys.fsync(fd)
-            except OSError as exc:
-                at.close_quietly(fd)
-                raise storage_error("write the prune journal", path, exc) from exc
-            try:
-                at.sys.close(fd)
                 at.sys.fsync(root_fd)
             except OSError as exc:
                 raise storage_error("write the prune journal", path, exc) from exc
         finally:
             at.close_quietly(root_fd)
         return path
+
+    def create_decision(self, journal: str, data: bytes) -> bool:
+        """Create the decision of ``journal`` whole and exclusively (rule 4); False when one was there."""
+        at = self._at
+        name = self._name(journal) + DECISION_SUFFIX
+        path = self._path(name)
+        tmp = name + TEMPORARY_MARK + os.urandom(8).hex()
+        root_fd = at.open_root()
+        try:
+            self._write_new(root_fd, tmp, data, "decision", path)
+            try:
+                at.sys.link(tmp, name, dir_fd=root_fd)
+                created = True
+            except FileExistsError:
+                created = False
+            except OSError as exc:
+                raise storage_error("create the prune decision", path, exc) from exc
+            finally:
+                with suppress(OSError):  # a temporary name left is dropped by the next prune (rule 4)
+                    at.sys.unlink(tmp, dir_fd=root_fd)
+            try:
+                at.sys.fsync(root_fd)
+            except OSError as exc:
+                raise storage_error("sync", at.root, exc) from exc
+            return created
+        finally:
+            at.close_quietly(root_fd)
+
+    def _write_new(self, root_fd: int, name: str, data: bytes, kind: str, path: str) -> None:
+        """Create ``name`` in the root exclusively, write ``data``, fsync and close it (``kind``: what it is,
+        for messages naming ``path``)."""
+        at = self._at
+        action = f"write the prune {kind}"
+        try:
+            fd = at.sys.open(name, CREATE_FLAGS, 0o644, dir_fd=root_fd)
+        except OSError as exc:
+            raise storage_error(f"create the prune {kind}", path, exc) from exc
+        try:
+            written = 0
+            while written < len(data):
+                written += at.sys.write(fd, data[written:])
+            at.sys.fsync(fd)
+        except OSError as exc:
+            at.close_quietly(fd)
+            raise storage_error(action, path, exc) from exc
+        try:
+            at.sys.close(fd)
+        except OSError as exc:
+            raise storage_error(action, path, exc) from exc
+
+    def journal_exists(self, identifier: str) -> bool:
+        """Return True when the journal is still a file in the root (not following a link)."""
+        at = self._at
+        name = self._name(identifier)
+        root_fd = at.open_root()
+        try:
+            at.sys.lstat(name, dir_fd=root_fd)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise storage_error("check the prune journal", self._path(name), exc) from exc
+        finally:
+            at.close_quietly(root_fd)
+        return True
 
     def drop_journals(self, identifiers: Sequence[str]) -> None:
         """Unlink the journals and fsync the root (rule 3)."""

@@ -67,6 +67,10 @@ class Syscalls:
         """``os.rename`` of two names in the same folder (``dir_fd`` for both)."""
         os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
+    def link(self, src: str, dst: str, *, dir_fd: int | None = None) -> None:
+        """``os.link`` of two names in the same folder (``dir_fd`` for both), never following ``src``."""
+        os.link(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+
     def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
         """``os.unlink``."""
         os.unlink(path, dir_fd=dir_fd)

@@ -111,8 +111,9 @@ class Bucket:
             page = self.client.list_objects_v2(**params)
         return bool(page.get("Contents") or page.get("KeyCount"))
 
-    def create_exclusive(self, key: str, *, action: str) -> CreateOutcome:
-        """Create the empty object ``key`` with ``If-None-Match: *``; say whether this call created it.
+    def create_exclusive(self, key: str, *, action: str, body: bytes = b"") -> CreateOutcome:
+        """Create the object ``key`` (empty, or holding ``body``) with ``If-None-Match: *``; say whether this
+        call created it.
 
         The put carries a fresh writer token as user metadata (:data:`WRITER_METADATA`). ``412
         PreconditionFailed`` is answered by one ``HeadObject`` of the key: the object holding our token is
@@ -131,7 +132,7 @@ class Bucket:
                     self.client.put_object(
                         Bucket=self.root.bucket,
                         Key=key,
-                        Body=b"",
+                        Body=body,
                         IfNoneMatch="*",
                         Metadata={WRITER_METADATA: token},
                     )

@@ -22,7 +22,10 @@ key under ``PREFIX/`` or at the top of the bucket):
    are still removed. A key reported ``NoSuchKey`` is gone, which is what was asked. S3 deletes do not say
    whether a key existed, so every entry asked for is reported removed.
 5. The prune journal is ``<prefix>.ckpt-prune-<16 hex>``, beside ``pub/`` and ``exec/``: written with one
-   ``PutObject``, found with one listing, read with ``GetObject`` and dropped with ``DeleteObject``.
+   ``PutObject``, found with one listing, read with ``GetObject`` and dropped with ``DeleteObject``. Its
+   decision, ``<journal key>.decided``, is one ``PutObject`` of the whole content with ``If-None-Match: *``
+   (the writer token tells a lost reply from another decider's, as for an entry); dropping deletes the
+   journal first.
 6. A small file beside the saves (an execution's epoch record, ``WritesSmallFiles``) is one ``PutObject``
    of the whole content: an acknowledged put is durable, and a reader sees the old object or the new one.
 """
@@ -42,7 +45,7 @@ from ckpt.application.checkpoint_store import CheckpointStore
 from ckpt.domain.entries import PUB_DIR_NAME
 from ckpt.domain.errors import MalformedError, StorageError
 from ckpt.domain.exclusive_probe import judge_exclusive_creates
-from ckpt.domain.journal import JOURNAL_PREFIX
+from ckpt.domain.journal import DECISION_SUFFIX, JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
 from ckpt.domain.ports import ExclusiveCreateProbe, FileInfo, SaveRemoval
 from ckpt.domain.prune import SKIP_ALREADY_GONE
@@ -226,8 +229,25 @@ class S3Journal:
                     found.append((self._bucket.url(obj["Key"]), data))
         return sorted(found)
 
+    def create_decision(self, journal: str, data: bytes) -> bool:
+        """Put the decision of ``journal`` exclusively (rule 5); False when another decider put it first."""
+        key = self._key(journal) + DECISION_SUFFIX
+        outcome = self._bucket.create_exclusive(key, action="create the prune decision", body=data)
+        if outcome == "unsupported":
+            url = self._bucket.url(key)
+            raise StorageError(
+                f"cannot create the prune decision {url}: the storage does not implement If-None-Match: *"
+                f" ({NOT_IMPLEMENTED})",
+                location=url,
+            )
+        return outcome == "created"
+
+    def journal_exists(self, identifier: str) -> bool:
+        """Return True when the journal object is still there (one ``HeadObject``)."""
+        return self._bucket.head(self._key(identifier), action="check the prune journal")
+
     def drop_journals(self, identifiers: Sequence[str]) -> None:
-        """Delete each journal object."""
+        """Delete each journal and decision object, in the order given."""
         for identifier in identifiers:
             self._bucket.delete_object(self._key(identifier), action="remove the prune journal")
 

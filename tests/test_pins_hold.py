@@ -1,0 +1,434 @@
+"""A pin that returned keeps its entry and its folder, whatever single fault or kill hits a prune, and
+whatever the interleaving with other pins (issue 19, case 3; docs/spec/operations.md §5.4, §9.2;
+layout.md §5.10).
+
+* the put-back of an entry pinned during the prune fails (``EIO`` on POSIX, ``503`` from moto's server on
+  S3): the prune fails naming its journal and what it removed; the next prune puts the entry back;
+* the prune is killed (a real SIGKILL) after removing the entries, before and after deciding its journal,
+  and before the put-back: the next ``ckpt prune`` (a real process) puts the entry back and finishes the job;
+* two pins of one entry race a prune (forced step by step): the second says "already pinned" while the
+  first sees the entry gone; the first no longer withdraws the pin the second relied on.
+
+The pins during the prune are made by the real ``pin`` flow at a chosen system call (POSIX) or request (S3)
+of the prune; each pin returned before the prune removed the entry, so each is one that must hold.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt.adapters.posix import JOURNAL_PREFIX, PosixStore
+from ckpt.adapters.s3 import S3Store
+from ckpt.domain.entries import Entry
+from ckpt.domain.errors import NotFoundError, PruneIncompleteError
+from ckpt.domain.journal import DECISION_SUFFIX
+from ckpt.domain.names import format_entry_name
+from support.faulty_syscalls import FaultySyscalls
+from support.s3 import answer_instead, error_body, new_bucket_name, raw_client
+
+TESTS = Path(__file__).parent
+E1, E2, E3 = (Entry(1, step, f"exec/a/ck-{step}") for step in (1, 2, 3))
+
+
+class HookedSyscalls(FaultySyscalls):
+    """Real system calls; ``hooks`` run once each, before the first call matching their (operation, target
+    prefix), in the order given; ``fail`` as in FaultySyscalls."""
+
+    def __init__(self, base: str, hooks: list[tuple[str, str, Callable[[], None]]]) -> None:
+        super().__init__(base)
+        self._hooks = list(hooks)
+
+    def _enter(self, operation: str, target: str, path: str | int) -> Any:
+        if self._hooks and (operation, True) == (self._hooks[0][0], target.startswith(self._hooks[0][1])):
+            self._hooks.pop(0)[2]()
+        return super()._enter(operation, target, path)
+
+
+def posix_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    for entry in (E1, E2, E3):
+        folder = root / entry.save
+        folder.mkdir(parents=True)
+        (folder / "model.bin").write_bytes(b"w" * 8)
+        PosixStore(str(root)).publish(entry.epoch, entry.step, str(folder))
+    return root
+
+
+def control_objects(root: Path) -> list[str]:
+    return sorted(n for n in os.listdir(root) if n.startswith(JOURNAL_PREFIX))
+
+
+def pin_now(root: Path, entry: Entry) -> Callable[[], None]:
+    """A hook: pin ``entry`` through the real flow, in another store of the root; it must return True."""
+
+    def hook() -> None:
+        assert PosixStore(str(root)).pin(entry) is True
+
+    return hook
+
+
+class TestPosixPutBackFails:
+    def test_a_failed_put_back_is_reported_and_the_next_prune_puts_the_entry_back(
+        self, tmp_path: Path
+    ) -> None:
+        """Pinned while prune removes it, e1's put-back fails with EIO: the prune names its journal and the
+        entry it removed for good (e2), keeps every folder; the next prune puts e1 back, removes ck-2."""
+        root = posix_root(tmp_path)
+        e1_name = format_entry_name(E1)
+        calls = HookedSyscalls(str(root), [("unlink", f"pub/{e1_name}", pin_now(root, E1))])
+        store = PosixStore(str(root), syscalls=calls)
+        opens = {"n": 0}
+        original = calls._enter
+
+        def fail_the_put_back(operation: str, target: str, path: str | int) -> Any:
+            if operation == "open" and target == f"pub/{e1_name}":
+                opens["n"] += 1
+                raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+            return original(operation, target, path)
+
+        calls._enter = fail_the_put_back  # type: ignore[method-assign]
+        with pytest.raises(PruneIncompleteError) as caught:
+            store.prune(1)
+        error = caught.value
+        assert opens["n"] == 1
+        assert error.journal is not None
+        assert error.journal.startswith(f"{root}/{JOURNAL_PREFIX}")
+        assert error.journal in str(error)
+        assert "removed 1 entries and 0 folders" in str(error)
+        assert (error.removed_entries, error.restored, error.removed_folders) == ((E2,), (), ())
+        assert os.strerror(errno.EIO) in str(error)
+        plain = PosixStore(str(root))
+        assert plain.entries() == [E3]
+        assert plain.pinned() == [E1]
+        assert (root / E1.save / "model.bin").read_bytes() == b"w" * 8
+        result = plain.prune(1)
+        assert result.restored == (E1,)
+        assert plain.entries() == [E1, E3]
+        assert (root / E1.save / "model.bin").read_bytes() == b"w" * 8
+        assert not (root / E2.save).exists()
+        assert control_objects(root) == []
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, sys.argv[3])
+    from ckpt.adapters.posix import PosixStore
+    from ckpt.domain.entries import Entry
+    from ckpt.domain.names import format_entry_name
+    from support.faulty_syscalls import FaultySyscalls
+
+    root, point = sys.argv[1], sys.argv[2]
+    e1 = Entry(1, 1, "exec/a/ck-1")
+    name = format_entry_name(e1)
+    state = {"unlinked": False, "pinned": False}
+
+    class Killing(FaultySyscalls):
+        def _enter(self, operation, target, path):
+            if operation == "unlink" and target == f"pub/{name}" and not state["pinned"]:
+                state["pinned"] = PosixStore(root).pin(e1)  # a pin that returned True
+                print("pinned", state["pinned"], flush=True)
+            if operation == "unlink" and target.startswith("pub/"):
+                state["unlinked"] = True
+            call = (operation, target)
+            die = (
+                (point == "after-the-entries" and state["unlinked"] and call == ("open", "pub"))
+                or (point == "before-the-decision" and operation == "link")
+                or (point == "before-the-put-back" and operation == "open" and target == f"pub/{name}")
+            )
+            if die:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super()._enter(operation, target, path)
+
+    PosixStore(root, syscalls=Killing(root)).prune(1)
+    """
+)
+
+
+class TestPosixKilledPrune:
+    @pytest.mark.parametrize("point", ["after-the-entries", "before-the-decision", "before-the-put-back"])
+    def test_a_pin_made_during_a_killed_prune_holds(self, tmp_path: Path, point: str) -> None:
+        """SIGKILL at each point between removing the entries and putting the pinned one back: the pin is
+        there, e1 is not listed, every folder is whole; ``ckpt prune`` (a real process) then puts e1 back and
+        finishes: e2 and its folder gone, no journal or decision left; ``ckpt resolve`` prints e3."""
+        root = posix_root(tmp_path)
+        killed = subprocess.run(
+            [sys.executable, "-c", KILLER, str(root), point, str(TESTS)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert killed.stdout.splitlines() == ["pinned True"]
+        store = PosixStore(str(root))
+        assert store.pinned() == [E1]
+        assert E1 not in store.entries()
+        assert all((root / e.save / "model.bin").is_file() for e in (E1, E2, E3))
+        decided = [n for n in control_objects(root) if n.endswith(DECISION_SUFFIX)]
+        assert len(decided) == (1 if point == "before-the-put-back" else 0)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "AWS_"))}
+        prune = subprocess.run(
+            [sys.executable, "-m", "ckpt", "--root", str(root), "prune", "--keep", "1"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert prune.returncode == 0, prune.stderr
+        assert f"put back entry: epoch 1 step 1 {root}/{E1.save} (pinned)" in prune.stdout.splitlines()
+        assert store.entries() == [E1, E3]
+        assert (root / E1.save / "model.bin").read_bytes() == b"w" * 8
+        assert not (root / E2.save).exists()
+        assert control_objects(root) == []
+        resolve = subprocess.run(
+            [sys.executable, "-m", "ckpt", "--root", str(root), "resolve"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert resolve.stdout.strip() == f"{root}/{E3.save}"
+
+
+class GatedPins(PosixStore):
+    """A store whose second listing of the entries in a ``pin`` waits for ``go`` (after telling ``ready``)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.ready = threading.Event()
+        self.go = threading.Event()
+        self._listings = 0
+
+    def entries(self) -> list[Entry]:
+        self._listings += 1
+        if self._listings == 2:
+            self.ready.set()
+            assert self.go.wait(30)
+        return super().entries()
+
+
+class TestTwoPinsRacingAPrune:
+    def test_the_second_pin_holds_though_the_first_saw_the_entry_gone(self, tmp_path: Path) -> None:
+        """The prune plans without pins; pin A creates the pin; pin B finds it and sees e1: "already pinned";
+        the prune removes e1; pin A then sees e1 gone. A leaves the pin (NotFoundError saying so), the prune
+        reads it, puts e1 back and keeps ck-1: B's pin holds."""
+        root = posix_root(tmp_path)
+        first = GatedPins(str(root))
+        outcome: dict[str, Any] = {}
+
+        def pin_a() -> None:
+            try:
+                outcome["a"] = first.pin(E1)
+            except NotFoundError as exc:
+                outcome["a"] = exc
+
+        thread = threading.Thread(target=pin_a)
+
+        def a_creates_and_b_pins() -> None:  # before the prune removes e1: A created the pin, B saw e1
+            thread.start()
+            assert first.ready.wait(30)
+            outcome["b"] = PosixStore(str(root)).pin(E1)
+
+        def a_looks_again() -> None:  # after the prune removed e1, before it reads the pins again
+            first.go.set()
+            thread.join(30)
+
+        e1_name = format_entry_name(E1)
+        calls = HookedSyscalls(
+            str(root), [("unlink", f"pub/{e1_name}", a_creates_and_b_pins), ("open", "pub", a_looks_again)]
+        )
+        result = PosixStore(str(root), syscalls=calls).prune(1)
+        assert outcome["b"] is False  # already pinned: B relied on A's pin
+        assert isinstance(outcome["a"], NotFoundError)
+        assert "the pin is left" in str(outcome["a"])
+        assert result.restored == (E1,)
+        assert result.removed_entries == (E2,)
+        store = PosixStore(str(root))
+        assert store.entries() == [E1, E3]
+        assert store.pinned() == [E1]
+        assert (root / E1.save / "model.bin").is_file()
+        assert control_objects(root) == []
+
+    def test_a_pin_whose_entry_a_decision_removed_is_withdrawn(self, tmp_path: Path) -> None:
+        """The pin sees e1 listed, then waits; the prune removes e1, reads no pin and decides e1 removed for
+        good; the pin is created only then, finds e1 gone and that decision: it withdraws its pin and says the
+        prune removed the entry; ck-1 goes."""
+        root = posix_root(tmp_path)
+        late = GatedCreate(str(root))
+        outcome: dict[str, Any] = {}
+
+        def pin() -> None:
+            try:
+                outcome["pin"] = late.pin(E1)
+            except NotFoundError as exc:
+                outcome["pin"] = exc
+
+        thread = threading.Thread(target=pin)
+
+        def start_the_pin() -> None:  # before the prune removes e1: the pin's first look sees it
+            thread.start()
+            assert late.ready.wait(30)
+
+        def create_it_now() -> None:  # the decision is made (the journal's check follows it)
+            late.go.set()
+            thread.join(30)
+
+        e1_name = format_entry_name(E1)
+        calls = HookedSyscalls(
+            str(root), [("unlink", f"pub/{e1_name}", start_the_pin), ("lstat", JOURNAL_PREFIX, create_it_now)]
+        )
+        result = PosixStore(str(root), syscalls=calls).prune(1)
+        assert isinstance(outcome["pin"], NotFoundError)
+        assert "a prune removed the entry while it was being pinned" in str(outcome["pin"])
+        assert result.removed_entries == (E1, E2)
+        assert PosixStore(str(root)).pinned() == []
+        assert not (root / E1.save).exists()
+
+
+class GatedCreate(PosixStore):
+    """A store whose pin creation waits for ``go`` (after telling ``ready``)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.ready = threading.Event()
+        self.go = threading.Event()
+
+    def create_pin(self, name: str) -> bool:
+        self.ready.set()
+        assert self.go.wait(30)
+        return super().create_pin(name)
+
+
+class TestS3PutBackFails:
+    def test_a_failed_put_back_on_s3_is_reported_and_the_next_prune_puts_it_back(
+        self, moto_server: str
+    ) -> None:
+        """On moto's server: e1 pinned (the real flow) just before the prune's DeleteObjects of the entries;
+        the put-back PutObject of pub/<e1> answered 503 every time; the prune fails naming its journal;
+        the next prune puts e1 back and finishes."""
+        client = raw_client(moto_server)
+        bucket = new_bucket_name()
+        client.create_bucket(Bucket=bucket)
+        root = f"s3://{bucket}"
+        for entry in (E1, E2, E3):
+            client.put_object(Bucket=bucket, Key=f"{entry.save}/model.bin", Body=b"w")
+            S3Store(root, client).publish(1, entry.step, f"{root}/{entry.save}")
+        pruner = raw_client(moto_server)
+        state = {"pinned": False}
+
+        def pin_before_the_removal(params: Any, **_: Any) -> None:
+            keys = [o["Key"] for o in params["Delete"]["Objects"]]
+            if not state["pinned"] and keys and keys[0].startswith("pub/"):
+                state["pinned"] = S3Store(root, raw_client(moto_server)).pin(E1)
+
+        pruner.meta.events.register("before-parameter-build.s3.DeleteObjects", pin_before_the_removal)
+        e1_key = f"pub/{format_entry_name(E1)}".encode()
+        answered = answer_instead(
+            pruner,
+            "PutObject",
+            503,
+            error_body("ServiceUnavailable", "down"),
+            when=lambda r: e1_key in r.url.encode(),
+        )
+        with pytest.raises(PruneIncompleteError) as caught:
+            S3Store(root, pruner).prune(1)
+        assert state["pinned"] is True
+        assert answered
+        assert caught.value.journal is not None
+        assert caught.value.journal.startswith(f"{root}/{JOURNAL_PREFIX}")
+        assert caught.value.removed_entries == (E2,)
+        store = S3Store(root, client)
+        assert store.entries() == [E3]
+        assert store.pinned() == [E1]
+        result = store.prune(1)
+        assert result.restored == (E1,)
+        assert store.entries() == [E1, E3]
+        keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", ())}
+        assert f"{E1.save}/model.bin" in keys
+        assert f"{E2.save}/model.bin" not in keys
+        assert not [k for k in keys if k.startswith(JOURNAL_PREFIX)]
+
+
+MOUNTED_PRUNE = textwrap.dedent(
+    """
+    import json, os, subprocess, sys
+    root, folder, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
+    mount = os.path.join(folder, "mnt")
+    os.mkdir(mount)
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "none", mount], check=True)
+    done = subprocess.run([sys.executable, "-m", "ckpt", "--root", root, *flags, "prune", "--keep", "1"],
+                          capture_output=True, text=True, timeout=60)
+    subprocess.run(["umount", mount], check=True)
+    print(json.dumps({"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}))
+    """
+)
+
+
+class TestCliSaysWhatAFailedPruneLeft:
+    @pytest.mark.parametrize("json_output", [False, True], ids=["stderr", "json"])
+    def test_the_journal_and_the_removed_entries(self, tmp_path: Path, json_output: bool) -> None:
+        """``ckpt prune`` (a real process) where ck-1 holds a mount point (a tmpfs, in a private mount
+        namespace), which prune never removes files on: exit 1; the entries it removed, the journal, then
+        the error on stderr; with --json the document says the same."""
+        root = posix_root(tmp_path)
+        script = tmp_path / "mounted.py"
+        script.write_text(MOUNTED_PRUNE)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "AWS_"))}
+        done = subprocess.run(
+            [
+                "unshare",
+                "-m",
+                sys.executable,
+                str(script),
+                str(root),
+                str(root / E1.save),
+                *(["--json"] if json_output else []),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        run = json.loads(done.stdout)
+        assert run["code"] == 1, run["stderr"]
+        (journal,) = (n for n in control_objects(root) if not n.endswith(DECISION_SUFFIX))
+        lines = run["stderr"].splitlines()
+        error = f"ckpt: cannot remove the folder {root}/{E1.save}: a mount point of another file system"
+        assert lines[-1].startswith(error)
+        assert f"the folders still to remove are listed in {root}/{journal}" in lines[-1]
+        if json_output:
+            document = json.loads(run["stdout"])
+            assert document["incomplete"] is True
+            assert document["journal"] == f"{root}/{journal}"
+            assert [e["step"] for e in document["removed_entries"]] == [1, 2]
+            assert document["removed_folders"] == []  # ck-1 is first: nothing removed before it
+            assert len(lines) == 1
+        else:
+            assert run["stdout"] == ""
+            assert lines[:-1] == [
+                f"ckpt: removed entry: epoch 1 step 1 {root}/{E1.save}",
+                f"ckpt: removed entry: epoch 1 step 2 {root}/{E2.save}",
+                f"ckpt: left journal: {root}/{journal} (the next prune finishes the job)",
+            ]
+        assert PosixStore(str(root)).entries() == [E3]
+        result = PosixStore(str(root)).prune(1)  # the mount is gone: the next prune finishes
+        assert result.removed_folders == (f"{root}/{E1.save}", f"{root}/{E2.save}")
+        assert control_objects(root) == []
