@@ -29,7 +29,7 @@ from ckpt.domain.rules import BUILTIN, Rule, builtin_rule, parse_custom_rules
 from ckpt.domain.rules.presence import EMPTY_FILE, EMPTY_FOLDER
 from support.harness import Harness, MemoryHarness
 from support.rule_layouts import zip_bytes
-from support.s3 import S3Harness, new_bucket_name
+from support.s3 import RequestLog, S3Harness, new_bucket_name
 
 EXEC = "exec/1.4101.0"
 ATTEMPT = "1.4101.0"
@@ -212,6 +212,33 @@ class TestWatcherAndCatchUp:
         caught = catch_up(store, rule_for("nemo-folder"), attempt="2.4102.0", epoch=2, settle=0.0)
         assert [e.save for e in caught.published] == []  # step 7 was already published; 9 is empty
         assert [e.save for e in store.entries()] == [f"exec/{earlier}/model-step=7.ckpt"]
+
+
+class TestCost:
+    """The check costs a request only for a save the rule passed without looking into it (§2.6)."""
+
+    @pytest.mark.parametrize("harness", ["s3-moto"], indirect=True)
+    @pytest.mark.parametrize(
+        ("case", "expected"),
+        [
+            # hf: the sentinel, trainer_state.json's head; then the prune journals: nothing more.
+            ("hf", ["HeadObject", "GetObject", "ListObjectsV2"]),
+            # orbax: commit_success.txt inside the folder already shows it holds a file.
+            ("orbax", ["HeadObject", "ListObjectsV2"]),
+            # nemo, a folder: the marker beside it, then (new) the folder's listing, then the journals.
+            ("nemo-folder", ["HeadObject", "ListObjectsV2", "ListObjectsV2"]),
+            # nemo, a file: judged as a folder first (marker, empty listing), the parent listed to learn it is
+            # a file, judged again (marker, its first byte), then the journals: as a Lightning file costs.
+            ("nemo-file", ["HeadObject", *["ListObjectsV2"] * 2, "HeadObject", "GetObject", "ListObjectsV2"]),
+        ],
+    )
+    def test_requests_of_a_verified_resolve(self, harness: Harness, case: str, expected: list[str]) -> None:
+        """The requests of a verified resolve whose newest save passes, in order, by rule."""
+        assert isinstance(harness, S3Harness)
+        publish_whole(harness, case)
+        log = RequestLog(harness.store_client)
+        resolve_verified(harness.store(), rule_for(case))
+        assert log.operations() == ["ListObjectsV2", *expected]  # the first lists pub/
 
 
 # -- the real command ---------------------------------------------------------------------------------------
