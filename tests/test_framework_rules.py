@@ -3,7 +3,7 @@
 The vectors in ``tests/vectors/frameworks/*.json`` are the language-neutral definition of each rule: a
 layout of the saves location, one name in it, and whether that name is a save and a complete one (and if
 not, a phrase the reason contains). They are gathered and judged here exactly as the watcher does it
-(``ckpt.inspection.gather_view``) over an in-memory layout.
+(``ckpt.inspection.judge``: the rule, then spec/watcher.md §2.6) over an in-memory layout.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ Rules:
 3. Tails are read at most ``TAIL_BYTES`` from the end (a ranged read on S3, ``pread`` on POSIX). When the
    reader can run reads side by side (``map_concurrently``), the tails go through it (S3 bounds the
    concurrency), else one after the other.
+4. A save the rule finds complete must hold something (``ckpt.domain.rules.presence``, spec/watcher.md
+   §2.6): when what the rule read does not show it, the folder is listed (or the file's first byte read)
+   once more. :func:`judge` and :func:`judge_for_watch` both apply it, so verified resolve, the watcher and
+   catch-up never hand out a save that is gone or empty, whatever the rule; :func:`gather_view` alone does
+   not (it only reads what the rule asks for).
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
+import attrs
+
 from ckpt.domain.ports import FileInfo, WatchStore
 from ckpt.domain.rules import TAIL_BYTES, Item, Kind, Rule, Save, SaveView, Tail
+from ckpt.domain.rules.presence import absence_reason, shows_content
 from ckpt.domain.rules.settle import Look, Settled, settle_verdict
 from ckpt.domain.saves_reader import ReadsSaves, TreeReader
 
@@ -55,9 +63,23 @@ def gather_view(rule: Rule, save: Save, items: Sequence[Item], reader: TreeReade
     return SaveView(save, tuple(items), files, present, heads, tails)
 
 
+def _judged(rule: Rule, save: Save, items: Sequence[Item], reader: TreeReader) -> tuple[SaveView, str | None]:
+    """Gather and judge one save, then check that a save the rule passes holds something (rule 4)."""
+    view = gather_view(rule, save, items, reader)
+    reason = rule.judge(view)
+    if reason is not None:
+        return view, reason
+    if shows_content(view) is None:
+        if save.kind is Kind.FOLDER:
+            view = attrs.evolve(view, files=tuple(reader.files(save.name)))
+        else:
+            view = attrs.evolve(view, heads={**view.heads, save.name: reader.head(save.name, 1)})
+    return view, absence_reason(view)
+
+
 def judge(rule: Rule, save: Save, items: Sequence[Item], reader: TreeReader) -> str | None:
-    """Gather and judge one save: ``None`` when complete, else why not."""
-    return rule.judge(gather_view(rule, save, items, reader))
+    """Gather and judge one save: ``None`` when complete and holding something (rule 4), else why not."""
+    return _judged(rule, save, items, reader)[1]
 
 
 def judge_for_watch(
@@ -70,17 +92,16 @@ def judge_for_watch(
     since: Look | None,
     clock: Callable[[], float],
 ) -> Settled:
-    """Judge one save for the watcher: the rule's verdict, then settle (``ckpt.domain.rules.settle``).
+    """Judge one save for the watcher: the rule's verdict and rule 4, then settle (``rules.settle``).
 
     The look settle compares is the save's listing (files and sizes), or for a single-file save its name and
-    size; it is taken only when the rule finds the save complete and ``settle > 0``. When the rule already
-    asked for the listing, that one serves (timed around the whole gathering, which only makes the wait
+    size; it is taken only when the save is complete and ``settle > 0``. When the rule (or rule 4) already
+    listed the save, that listing serves (timed around the whole gathering, which only makes the wait
     longer, never shorter).
     """
     before = clock()
-    view = gather_view(rule, save, items, reader)
+    view, reason = _judged(rule, save, items, reader)
     after = clock()
-    reason = rule.judge(view)
     look = None
     if reason is None and settle > 0 and view.files is not None and save.kind is Kind.FOLDER:
         look = Look(view.files, before, after)

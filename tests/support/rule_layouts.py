@@ -20,7 +20,7 @@ import pytest
 
 from ckpt.domain.ports import FileInfo
 from ckpt.domain.rules import BUILTIN, Item, Kind, Rule, Tail, builtin_rule, parse_custom_rules
-from ckpt.inspection import gather_view
+from ckpt.inspection import judge
 
 Layout = Mapping[str, bytes | None]
 
@@ -97,13 +97,17 @@ class LayoutReader:
 
 
 def verdict(rule: Rule, files: Mapping[str, bytes | None], name: str) -> tuple[bool, str | None]:
-    """Whether ``name`` is a save under ``rule`` here, and if so why it is not complete (or None)."""
+    """Whether ``name`` is a save under ``rule`` here, and if so why it is not complete (or None).
+
+    Judged as the watcher and verified resolve judge (``ckpt.inspection.judge``): the rule's own verdict,
+    then spec/watcher.md §2.6 (a save that holds nothing is never complete).
+    """
     reader = LayoutReader(files)
     items = reader.items()
     saves = [s for s in rule.saves(items) if s.name == name]
     if not saves:
         return False, None
-    return True, rule.judge(gather_view(rule, saves[0], items, reader))
+    return True, judge(rule, saves[0], items, reader)
 
 
 VECTORS = Path(__file__).parent.parent / "vectors" / "frameworks"

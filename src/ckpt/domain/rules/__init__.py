@@ -16,7 +16,8 @@ name           a save is                                                     mod
 =============  ============================================================  =================
 
 Configured rules come from ``[[frameworks]]`` tables (``custom``); plugin rules from installed packages
-(``ckpt.plugins``, outside the domain, since finding them reads the installed distributions).
+(``ckpt.plugins``, outside the domain, since finding them reads the installed distributions). Whatever the
+rule, a save that holds nothing is never complete (``presence``, checked after the rule's verdict).
 
 Pure: standard library, attrs and the domain only.
 """

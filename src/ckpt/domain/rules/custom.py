@@ -23,7 +23,8 @@ Rules:
    ``required`` or ``forbidden``.
 3. A save is complete when, in this order: every ``required`` file exists, no ``forbidden`` file exists,
    every ``json`` file exists and parses (at most 1 MiB is read), every ``zip`` file exists and ends with a
-   zip end record; and in the watcher, once its listing has stayed unchanged for the settle time.
+   zip end record; and in the watcher, once its listing has stayed unchanged for the settle time. With
+   nothing required, the save must still hold something (``ckpt.domain.rules.presence``, for every rule).
 """
 
 from __future__ import annotations

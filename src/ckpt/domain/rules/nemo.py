@@ -17,7 +17,8 @@ Rules:
 3. A save is complete when its marker does not exist (looked up after the save was listed; the marker is
    created before any of the save's files, so a save seen without it is finished). The default settle is
    0; on a filesystem whose listings may lag (NFS), a settle time makes the marker's absence hold for that
-   long.
+   long. A missing marker says nothing of a checkpoint that is gone: that a save holds something is
+   checked for every rule, after its verdict (``ckpt.domain.rules.presence``, spec/watcher.md §2.6).
 """
 
 from __future__ import annotations
