@@ -53,6 +53,7 @@ from ckpt.domain.ports import (
     PruneJournal,
     PruneResult,
     PublicationLog,
+    SaveRemoval,
     SaveTree,
     ScansNameChunks,
     SkippedFolder,
@@ -263,7 +264,7 @@ class CheckpointStore:
             skipped=tuple((f, SKIP_PINNED if pinned_now(f) else why) for f, why in check.skipped),
         )
         try:
-            outcomes = self._tree.remove_saves(check.remove) if check.remove else []
+            outcomes = self._remove_folders(check.remove, saves_now, pins)
         except StorageError as exc:
             raise _with_journal_note(exc, journal) from exc
         skipped = [*early, *(SkippedFolder(self._locator.location(f), why) for f, why in check.skipped)]
@@ -302,6 +303,22 @@ class CheckpointStore:
         chains = self._identifies.physical_chains(list(dict.fromkeys([*needed, *folders])))
         overlap = PhysicalOverlap(chains[s] for s in needed)
         return lambda folder: overlap(chains[folder])
+
+    def _remove_folders(
+        self, folders: Sequence[str], saves: Iterable[str], pins: Iterable[Entry]
+    ) -> list[SaveRemoval]:
+        """Remove ``folders``; where the tree identifies folders, never through a folder that is, or holds,
+        one of ``saves`` or a pin's save by another path (a bind mount inside a candidate; §5.11)."""
+        from ckpt.domain.prune import PhysicalOverlap
+
+        if not folders:
+            return []
+        if self._identifies is None:
+            return self._tree.remove_saves(folders)
+        needed = list(dict.fromkeys([*saves, *(p.save for p in pins)]))
+        chains = self._identifies.physical_chains(needed)
+        spared = PhysicalOverlap(chains[s] for s in needed).identities
+        return self._identifies.remove_saves_sparing(folders, spared)
 
     # -- what the watcher needs ------------------------------------------------------------------------
 
