@@ -380,6 +380,12 @@ PRUNE_CALLS = """
     stat exec/a/ck-1
     realpath exec/a/ck-2
     stat exec/a/ck-2
+    realpath exec/a/ck-3            the identities the removal spares (§5.11): each remaining save's chain
+    stat exec/a/ck-3
+    stat exec/a
+    stat exec
+    stat .
+    stat <above-root>
     open .                          the folders, removed relative to one descriptor of the root
     open exec                       ck-1: every element opened with O_NOFOLLOW
     open exec/a

@@ -20,9 +20,14 @@ from typing import Any
 
 import pytest
 
-from ckpt.adapters.posix import PosixStore
+from ckpt.adapters.posix import JOURNAL_PREFIX, PosixStore, Syscalls
+from ckpt.adapters.posix.syscalls import PosixRoot
+from ckpt.adapters.posix.tree import PosixTree
 from ckpt.domain.entries import Entry
+from ckpt.domain.errors import StorageError
+from ckpt.domain.journal import DECISION_SUFFIX
 from ckpt.domain.names import format_entry_name
+from ckpt.domain.ports import SaveRemoval
 from ckpt.domain.prune import SKIP_ANOTHER_PATH
 from ckpt.domain.retention import SKIP_PINNED
 from support.saves import make_save
@@ -413,3 +418,205 @@ class TestBindMount:
         assert out["resolve"]["stdout"] == f"{root}/exec/b/ck-5\n"
         assert out["left"] == ["model.bin", "sub"]
         assert out["shard"] == "weights"
+
+
+# -- a needed save reached from inside a candidate: the removal never enters it (§5.11) --------------------
+
+
+def posix_tree(root: Path) -> PosixTree:
+    """The POSIX tree over ``root`` with the real system calls."""
+    return PosixTree(PosixRoot(str(root), Syscalls()))
+
+
+def identity(path: Path) -> tuple[int, int]:
+    """``(st_dev, st_ino)`` of ``path``, not following a link: what ``physical_chains`` gives."""
+    st = os.lstat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def journals(root: Path) -> list[str]:
+    """The prune journals in the root (their decisions left out)."""
+    return [n for n in os.listdir(root) if n.startswith(JOURNAL_PREFIX) and not n.endswith(DECISION_SUFFIX)]
+
+
+SPARED_FOLDER = (
+    "is, or holds, the folder of a remaining entry by another path (a bind mount?); prune never removes "
+    "through it"
+)
+SPARED_FILE = "is the file of a remaining entry by another path (a hard link); prune never removes it"
+
+
+class TestRemovalSparesIdentities:
+    def test_the_walk_never_enters_a_folder_whose_identity_is_spared(self, root: Path) -> None:
+        """A sub-folder with a spared identity stops the removal, naming it; nothing in it is removed."""
+        make_save(root, "exec/b/ck-1", {"model.bin": b"old", "keep/sub/shard.bin": b"shard", "aa/x": b"x"})
+        keep = root / "exec" / "b" / "ck-1" / "keep"
+        before = tree_of(keep)
+        with pytest.raises(StorageError) as caught:
+            posix_tree(root).remove_saves_sparing(["exec/b/ck-1"], {identity(keep)})
+        assert str(caught.value) == f"cannot remove the folder {root}/exec/b/ck-1: {keep} {SPARED_FOLDER}"
+        assert caught.value.location == f"{root}/exec/b/ck-1"
+        assert tree_of(keep) == before
+        assert not (root / "exec" / "b" / "ck-1" / "model.bin").exists()  # the candidate's own file went
+
+    def test_without_a_spared_identity_the_same_tree_is_removed(self, root: Path) -> None:
+        """The control: an identity elsewhere spares nothing here, and the whole folder goes."""
+        make_save(root, "exec/b/ck-1", {"model.bin": b"old", "keep/sub/shard.bin": b"shard"})
+        elsewhere = Path(make_save(root, "exec/a/ck-5"))
+        outcomes = posix_tree(root).remove_saves_sparing(["exec/b/ck-1"], {identity(elsewhere)})
+        assert outcomes == [SaveRemoval("exec/b/ck-1")]
+        assert not (root / "exec" / "b" / "ck-1").exists()
+
+    def test_the_candidate_itself_spared_is_left_whole(self, root: Path) -> None:
+        """A candidate whose own identity is spared (judged before, changed since) loses nothing."""
+        candidate = Path(make_save(root, "exec/b/ck-1", FILES))
+        with pytest.raises(StorageError, match="prune never removes through it"):
+            posix_tree(root).remove_saves_sparing(["exec/b/ck-1"], {identity(candidate)})
+        assert tree_of(candidate) == {"model.bin": b"weights", "sub": "dir", "sub/shard.bin": b"shard"}
+
+    def test_a_file_whose_identity_is_spared_is_never_unlinked(self, root: Path) -> None:
+        """A hard link inside the candidate to a spared single-file save stops the removal, naming it."""
+        (root / "exec" / "a").mkdir(parents=True)
+        kept = root / "exec" / "a" / "last.ckpt"
+        kept.write_bytes(b"weights")
+        make_save(root, "exec/b/ck-1")
+        link = root / "exec" / "b" / "ck-1" / "copy.ckpt"
+        os.link(kept, link)
+        with pytest.raises(StorageError) as caught:
+            posix_tree(root).remove_saves_sparing(["exec/b/ck-1"], {identity(kept)})
+        assert str(caught.value) == f"cannot remove the folder {root}/exec/b/ck-1: {link} {SPARED_FILE}"
+        assert os.stat(kept).st_nlink == 2
+
+    def test_a_single_file_save_whose_identity_is_spared_is_never_unlinked(self, root: Path) -> None:
+        """A single-file candidate that is a hard link of a spared file is left."""
+        (root / "exec" / "a").mkdir(parents=True)
+        kept = root / "exec" / "a" / "last.ckpt"
+        kept.write_bytes(b"weights")
+        os.link(kept, root / "exec" / "a" / "epoch=1.ckpt")
+        with pytest.raises(StorageError, match="a hard link"):
+            posix_tree(root).remove_saves_sparing(["exec/a/epoch=1.ckpt"], {identity(kept)})
+        assert (root / "exec" / "a" / "epoch=1.ckpt").read_bytes() == b"weights"
+
+
+class TestHardLinkInsideACandidate:
+    def test_prune_stops_keeps_the_journal_and_finishes_once_the_link_is_gone(self, root: Path) -> None:
+        """ck-1 holds a hard link of the kept single-file save last.ckpt: prune stops, the next finishes."""
+        (root / "exec" / "a").mkdir(parents=True)
+        kept = root / "exec" / "a" / "last.ckpt"
+        kept.write_bytes(b"weights")
+        make_save(root, "exec/b/ck-1")
+        os.link(kept, root / "exec" / "b" / "ck-1" / "copy.ckpt")
+        store = PosixStore(str(root))
+        store.publish(1, 1, f"{root}/exec/b/ck-1")
+        store.publish(1, 2, str(kept))
+        with pytest.raises(StorageError) as caught:
+            store.prune(1)
+        assert f"{root}/exec/b/ck-1/copy.ckpt {SPARED_FILE}" in str(caught.value)
+        assert "the next prune removes them" in str(caught.value)
+        assert len(journals(root)) == 1
+        assert os.stat(kept).st_nlink == 2
+        os.unlink(root / "exec" / "b" / "ck-1" / "copy.ckpt")  # what the operator does
+        result = store.prune(1)
+        assert result.removed_folders == (f"{root}/exec/b/ck-1",)
+        assert journals(root) == []
+        assert kept.read_bytes() == b"weights"
+
+
+SPARE_SCRIPT = textwrap.dedent(
+    """
+    import json, os, subprocess, sys
+
+    case, base = sys.argv[1], sys.argv[2]
+    root = os.path.join(base, "root")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "ckpt-test", base], check=True)
+
+    def write(save, name, data):
+        path = os.path.join(root, save, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def tree(path):
+        out = {}
+        for dirpath, dirnames, filenames in os.walk(path):
+            for name in dirnames + filenames:
+                full = os.path.join(dirpath, name)
+                out[os.path.relpath(full, path)] = "dir" if os.path.isdir(full) else open(full).read()
+        return out
+
+    def ckpt(*args):
+        done = subprocess.run([sys.executable, "-m", "ckpt", "--root", root, *args], capture_output=True,
+                              text=True, timeout=60)
+        return {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+
+    write("exec/a/ck-5", "model.bin", b"weights")
+    write("exec/a/ck-5", "sub/shard.bin", b"shard")
+    write("exec/a", "notes.txt", b"beside the save")
+    write("exec/b/ck-1", "model.bin", b"old")
+    write("exec/b/ck-1", "zz/old.bin", b"old")
+    os.makedirs(os.path.join(root, "exec", "b", "ck-1", "data"))
+    # ck-1/data is the needed save (or the folder holding it) again: the same file system and device
+    # number, so the removal's mount point check cannot tell; only its identity can.
+    source = "exec/a" if case == "holder" else "exec/a/ck-5"
+    mount_point = os.path.join(root, "exec", "b", "ck-1", "data")
+    subprocess.run(["mount", "--bind", os.path.join(root, source), mount_point], check=True)
+    out = {"root": root}
+    out["publish-1"] = ckpt("publish", "--epoch", "1", "--step", "1", "exec/b/ck-1")
+    out["publish-5"] = ckpt("publish", "--epoch", "1", "--step", "5", "exec/a/ck-5")
+    if case == "pin":  # ck-5 is kept by its pin only: step 9 is the latest
+        write("exec/c/ck-9", "model.bin", b"newer")
+        out["publish-9"] = ckpt("publish", "--epoch", "1", "--step", "9", "exec/c/ck-9")
+        out["pin"] = ckpt("pin", "--epoch", "1", "--step", "5")
+    out["before"] = tree(os.path.join(root, "exec", "a"))
+    out["prune"] = ckpt("--json", "prune", "--keep", "1")
+    out["after"] = tree(os.path.join(root, "exec", "a"))
+    out["journals"] = [n for n in os.listdir(root) if n.startswith(".ckpt-prune-") and "." not in n[1:]]
+    out["entries"] = ckpt("entries")
+    subprocess.run(["umount", mount_point], check=True)
+    out["again"] = ckpt("--json", "prune", "--keep", "1")
+    out["finally"] = tree(os.path.join(root, "exec", "a"))
+    out["journals-finally"] = [n for n in os.listdir(root) if n.startswith(".ckpt-prune-")]
+    out["candidate-finally"] = os.path.lexists(os.path.join(root, "exec", "b", "ck-1"))
+    print(json.dumps(out))
+    """
+)
+
+
+class TestBindMountInsideACandidate:
+    @pytest.mark.parametrize("case", ["save", "holder", "pin"])
+    def test_prune_never_removes_through_a_bind_mount_of_it(self, tmp_path: Path, case: str) -> None:
+        """ck-1/data is a bind mount of the kept ck-5 (or of exec/a holding it, or of a pin's save): prune
+        stops naming it, ck-5 and exec/a lose nothing, the journal stays; after umount a prune finishes."""
+        script = tmp_path / "spare.py"
+        script.write_text(SPARE_SCRIPT)
+        base = tmp_path / "mnt"
+        base.mkdir()
+        done = subprocess.run(
+            ["unshare", "-m", sys.executable, str(script), case, str(base)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert os.listdir(base) == []  # the host never saw the mounts
+        out = json.loads(done.stdout)
+        root = out["root"]
+        for step in ("publish-1", "publish-5", "publish-9", "pin", "entries", "again"):
+            if step in out:
+                assert out[step]["code"] == 0, (step, out[step]["stderr"])
+        assert out["before"]["ck-5/sub/shard.bin"] == "shard"
+        assert out["after"] == out["before"], "prune removed files of the needed save through the bind mount"
+        assert out["prune"]["code"] == 1, out["prune"]
+        error = out["prune"]["stderr"]
+        assert (
+            f"cannot remove the folder {root}/exec/b/ck-1: {root}/exec/b/ck-1/data {SPARED_FOLDER}" in error
+        )
+        assert len(out["journals"]) == 1
+        assert f"listed in {root}/{out['journals'][0]}" in error
+        assert f"{root}/exec/a/ck-5" in out["entries"]["stdout"]
+        again = json.loads(out["again"]["stdout"])
+        assert again["removed_folders"] == [f"{root}/exec/b/ck-1"]
+        assert out["finally"] == out["before"]
+        assert out["journals-finally"] == []
+        assert out["candidate-finally"] is False

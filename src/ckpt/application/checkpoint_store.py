@@ -50,6 +50,7 @@ from ckpt.domain.ports import (
     PruneJournal,
     PruneResult,
     PublicationLog,
+    SaveRemoval,
     SaveTree,
     ScansNameChunks,
     SkippedFolder,
@@ -243,7 +244,7 @@ class CheckpointStore:
             folders = tuple(self._locator.location(f) for f in (*planned, *left))
             return PruneResult(plan.remove, folders, tuple(early), dry_run=True, kept=retention.kept)
         run.start(plan.remove, planned, left)
-        skipped = run.finish(self._physically_needed)
+        skipped = run.finish(self._physically_needed, self._remove_folders)
         return PruneResult(
             run.removed_entries(),
             tuple(run.removed_folders),
@@ -282,6 +283,22 @@ class CheckpointStore:
         chains = self._identifies.physical_chains(list(dict.fromkeys([*needed, *folders])))
         overlap = PhysicalOverlap(chains[s] for s in needed)
         return lambda folder: overlap(chains[folder])
+
+    def _remove_folders(
+        self, folders: Sequence[str], saves: Iterable[str], pins: Iterable[Entry]
+    ) -> list[SaveRemoval]:
+        """Remove ``folders``; where the tree identifies folders, never through a folder that is, or holds,
+        one of ``saves`` or a pin's save by another path (a bind mount inside a candidate; §5.11)."""
+        from ckpt.domain.prune import PhysicalOverlap
+
+        if not folders:
+            return []
+        if self._identifies is None:
+            return self._tree.remove_saves(folders)
+        needed = list(dict.fromkeys([*saves, *(p.save for p in pins)]))
+        chains = self._identifies.physical_chains(needed)
+        spared = PhysicalOverlap(chains[s] for s in needed).identities
+        return self._identifies.remove_saves_sparing(folders, spared)
 
     # -- what the watcher needs ------------------------------------------------------------------------
 

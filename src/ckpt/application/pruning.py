@@ -37,7 +37,7 @@ from ckpt.domain.entries import Entry
 from ckpt.domain.errors import MalformedError, PruneIncompleteError, StorageError
 from ckpt.domain.journal import Journal, JournalContent, format_journal
 from ckpt.domain.names import format_entry_name
-from ckpt.domain.ports import SkippedFolder
+from ckpt.domain.ports import SaveRemoval, SkippedFolder
 from ckpt.domain.prune import Overlap, recheck_folders
 from ckpt.domain.retention import SKIP_PINNED
 
@@ -50,6 +50,8 @@ __all__ = ["PruneRun"]
 
 _MAX_REFUSED_IN_MESSAGE = 10
 NeededBy = Callable[[Iterable[str], Iterable[Entry], Sequence[str]], "Callable[[str], bool] | None"]
+#: Removes folders, sparing what the remaining saves and pins are by another path (``CheckpointStore``).
+RemovesFolders = Callable[[Sequence[str], Iterable[str], Iterable[Entry]], "list[SaveRemoval]"]
 
 
 class PruneRun:
@@ -154,17 +156,17 @@ class PruneRun:
         except StorageError as exc:
             raise self._incomplete(exc, entries_known=False) from exc
 
-    def finish(self, needed_by: NeededBy) -> list[SkippedFolder]:
+    def finish(self, needed_by: NeededBy, remove_folders: RemovesFolders) -> list[SkippedFolder]:
         """Read again, decide, put back, re-check and remove the folders, drop the journals (rules 2-4);
         return the folders skipped."""
         try:
-            return self._finish(needed_by)
+            return self._finish(needed_by, remove_folders)
         except (StorageError, MalformedError) as exc:
             if isinstance(exc, PruneIncompleteError):
                 raise
             raise self._incomplete(exc) from exc
 
-    def _finish(self, needed_by: NeededBy) -> list[SkippedFolder]:
+    def _finish(self, needed_by: NeededBy, remove_folders: RemovesFolders) -> list[SkippedFolder]:
         present = self._store.entries()
         pins = pinned_entries(self._store)
         planned, left = self._decide(present, pins)
@@ -181,7 +183,7 @@ class PruneRun:
             check,
             skipped=tuple((f, SKIP_PINNED if pinned_now(f) else why) for f, why in check.skipped),
         )
-        outcomes = self._tree.remove_saves(check.remove) if check.remove else []
+        outcomes = remove_folders(check.remove, saves_now, pins)
         skipped = [SkippedFolder(self._locator.location(f), why) for f, why in check.skipped]
         refused: list[tuple[str, str]] = []
         for outcome in outcomes:

@@ -20,6 +20,7 @@ relative to the root (``exec/a/ck-1``; ``""`` is the root itself where a folder 
 from __future__ import annotations
 
 from collections.abc import Generator, Hashable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
@@ -372,8 +373,9 @@ class IdentifiesFolders(Protocol):
     """Optional capability of a tree whose folders can have several spellings (POSIX: links, bind mounts).
 
     Prune keeps a candidate that physically is, contains or lies inside a needed save
-    (``ckpt.domain.prune.PhysicalOverlap``). S3 and the in-memory store have no such capability: a key has
-    one spelling.
+    (``ckpt.domain.prune.PhysicalOverlap``), and removes the others without entering a folder that is, or
+    holds, a needed save by another path (a bind mount inside a candidate). S3 and the in-memory store
+    have no such capability: a key has one spelling.
     """
 
     def physical_chains(self, saves: Sequence[str]) -> dict[str, tuple[Hashable, ...] | None]:
@@ -383,6 +385,19 @@ class IdentifiesFolders(Protocol):
         a link loop, an element that is a file). Never walks a save's files.
 
         A missing root is ``NotFoundError``; any other failure is ``StorageError`` naming the path.
+        """
+        ...
+
+    def remove_saves_sparing(self, saves: Sequence[str], spared: AbstractSet[Hashable]) -> list[SaveRemoval]:
+        """:meth:`SaveTree.remove_saves`, never entering nor removing what has an identity in ``spared``.
+
+        ``spared`` holds identities as :meth:`physical_chains` returns them (prune passes every identity
+        of the needed saves' chains, ``ckpt.domain.prune.PhysicalOverlap.identities``). A folder, or a
+        file, met while removing a save whose identity is spared stops that save's removal with
+        ``StorageError`` naming the save's folder and the path where: nothing of the spared folder is
+        removed, and what was removed of the save before it stays removed. Comparing identities costs no
+        call beyond those the removal makes anyway (POSIX: the ``fstat`` of each folder entered, and the
+        inode number each listing already carries).
         """
         ...
 

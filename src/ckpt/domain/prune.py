@@ -18,7 +18,10 @@ Rules:
    save, a bind mount). Where the store can tell a folder's physical identity, a candidate is also kept
    when it *physically* is, contains or lies inside a needed save (:class:`PhysicalOverlap`, over opaque
    identity chains: a path's own identity, then its parent's, up to the top), and is reported skipped as
-   :data:`SKIP_ANOTHER_PATH`; :func:`recheck_folders` takes that judgement as ``also_needed``.
+   :data:`SKIP_ANOTHER_PATH`; :func:`recheck_folders` takes that judgement as ``also_needed``. The same
+   needed chains also guard the removal itself: a folder met *inside* a candidate whose identity is in one
+   of them (:attr:`PhysicalOverlap.identities`) is a needed save, or holds one, by another path (a bind
+   mount), and the store never removes through it.
 
 Cost: linear in the total number of path elements; no entry is compared with every folder.
 
@@ -113,6 +116,8 @@ class PhysicalOverlap:
     (True, True, True)
     >>> needed(("ck-6", "real", "exec", "/")), needed(None)
     (False, False)
+    >>> sorted(needed.identities)
+    ['/', 'ck-5', 'exec', 'real']
     """
 
     __slots__ = ("_chained", "_own")
@@ -130,6 +135,16 @@ class PhysicalOverlap:
         if not chain:
             return False
         return chain[0] in self._chained or any(identity in self._own for identity in chain)
+
+    @property
+    def identities(self) -> frozenset[Hashable]:
+        """Every identity in a needed chain: each needed save's own and each of its ancestors'.
+
+        What a removal must never enter: a folder (or a file, for a single-file save) found *inside* a
+        candidate with one of these identities is, or holds, a needed save reached by another path, since
+        a candidate that physically holds a needed save was kept by :meth:`__call__` (rule 5).
+        """
+        return frozenset(self._chained)
 
 
 def overlaps(folder: str, entries: Iterable[Entry]) -> bool:

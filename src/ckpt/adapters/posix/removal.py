@@ -10,6 +10,12 @@ Rules:
 3. A folder that is missing is "already gone"; one that is a link, reached through a link, or not a folder
    is left and the reason returned. Any other failure is a ``StorageError`` naming the folder and, when it
    happened deeper, the path where.
+4. Nothing whose ``(st_dev, st_ino)`` is *spared* is entered or unlinked: a folder met inside the save with
+   such an identity is a needed save, or holds one, by another path (a bind mount on the same file system,
+   which rule 2 cannot see), and stops the removal with ``StorageError`` naming it (docs/spec/operations.md
+   §5.11). Folders are compared after the ``fstat`` the walk makes of each anyway; files (a hard link to a
+   single-file save) by the inode number the listing already carries and the folder's device. No extra
+   system call.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Hashable
+from collections.abc import Set as AbstractSet
 from typing import NoReturn
 
 from ckpt.adapters.posix.syscalls import NOFOLLOW_DIR_FLAGS, PosixRoot, reason
@@ -26,6 +34,16 @@ from ckpt.domain.prune import SKIP_ALREADY_GONE
 __all__ = ["remove_folder"]
 
 _MOUNT_POINT = "a mount point of another file system (prune never removes files on one)"
+_SPARED_FOLDER = (
+    "is, or holds, the folder of a remaining entry by another path (a bind mount?); "
+    "prune never removes through it"
+)
+_SPARED_FILE = "is the file of a remaining entry by another path (a hard link); prune never removes it"
+_NOTHING_SPARED: frozenset[Hashable] = frozenset()
+
+
+class _SparedError(OSError):
+    """The walk met a folder or file whose identity is spared (rule 4)."""
 
 
 class _RemovalError(Exception):
@@ -43,12 +61,25 @@ def _check_same_device(at: PosixRoot, parent_fd: int, st: os.stat_result, locati
         raise _RemovalError(location, OSError(errno.EXDEV, _MOUNT_POINT))
 
 
+def _check_not_spared(st: os.stat_result, spared: AbstractSet[Hashable], location: str) -> None:
+    """Raise ``_RemovalError`` when the single-file save ``st`` describes is spared (rule 4)."""
+    if (st.st_dev, st.st_ino) in spared:
+        raise _RemovalError(location, _SparedError(errno.EBUSY, _SPARED_FILE))
+
+
 def _fail(code: int, why: str) -> NoReturn:
     raise OSError(code, why)
 
 
-def remove_folder(at: PosixRoot, root_fd: int, folder: str) -> str | None:
-    """Remove ``<root>/<folder>`` without following any link; return a skip reason, or None if removed."""
+def _spared(why: str, name: str | None = None) -> NoReturn:
+    raise _SparedError(errno.EBUSY, why, name)
+
+
+def remove_folder(
+    at: PosixRoot, root_fd: int, folder: str, spared: AbstractSet[Hashable] = _NOTHING_SPARED
+) -> str | None:
+    """Remove ``<root>/<folder>`` without following any link nor entering anything ``spared`` (rule 4);
+    return a skip reason, or None if removed."""
     location = at.path(folder)
     *parents, last = folder.split("/")
     fds: list[int] = []
@@ -73,6 +104,7 @@ def remove_folder(at: PosixRoot, root_fd: int, folder: str) -> str | None:
         if stat.S_ISLNK(st.st_mode):
             return "is a symbolic link (never removed, nor what it points to)"
         if stat.S_ISREG(st.st_mode):  # a single-file save (ckpt.domain.saves rule 1)
+            _check_not_spared(st, spared, location)
             try:
                 at.sys.unlink(last, dir_fd=parent_fd)
             except FileNotFoundError:
@@ -83,11 +115,15 @@ def remove_folder(at: PosixRoot, root_fd: int, folder: str) -> str | None:
             return "is neither a folder nor a regular file"
         _check_same_device(at, parent_fd, st, location)
         try:
-            _remove_tree(at, parent_fd, last, location)
+            _remove_tree(at, parent_fd, last, location, spared)
         except FileNotFoundError:
             return SKIP_ALREADY_GONE
         at.sys.fsync(parent_fd)
     except _RemovalError as exc:
+        if isinstance(exc.error, _SparedError):
+            raise StorageError(
+                f"cannot remove the folder {location}: {exc.where} {reason(exc.error)}", location=location
+            ) from exc.error
         where = "" if exc.where == location else f" (at {exc.where})"
         raise StorageError(
             f"cannot remove the folder {location}: {reason(exc.error)}{where}", location=location
@@ -100,12 +136,15 @@ def remove_folder(at: PosixRoot, root_fd: int, folder: str) -> str | None:
     return None
 
 
-def _remove_tree(at: PosixRoot, parent_fd: int, name: str, location: str) -> None:
+def _remove_tree(
+    at: PosixRoot, parent_fd: int, name: str, location: str, spared: AbstractSet[Hashable]
+) -> None:
     """Remove the folder ``name`` in ``parent_fd`` (at ``location``) and everything in it.
 
     One level at a time, holding one descriptor below ``parent_fd``, so a tree of any depth is fine. Links
-    are removed as names and never followed; a sub-folder on another file system (a mount point) stops
-    the removal; climbing back up through ``..`` checks that each parent is the folder it left.
+    are removed as names and never followed; a sub-folder on another file system (a mount point) or with
+    a spared identity (rule 4) stops the removal before anything in it is removed; climbing back up
+    through ``..`` checks that each parent is the folder it left.
     Raises ``FileNotFoundError`` when the folder is already gone, ``_RemovalError`` for anything else.
     """
     fd = at.sys.open(name, NOFOLLOW_DIR_FLAGS, dir_fd=parent_fd)
@@ -113,7 +152,10 @@ def _remove_tree(at: PosixRoot, parent_fd: int, name: str, location: str) -> Non
     levels: list[tuple[str, tuple[int, int], list[str]]] = []
     try:
         top = at.sys.fstat(fd)
-        levels.append((name, (top.st_dev, top.st_ino), _remove_non_folders(at, fd)))
+        levels.append((name, (top.st_dev, top.st_ino), []))
+        if levels[0][1] in spared:
+            _spared(_SPARED_FOLDER)
+        levels[0][2].extend(_remove_non_folders(at, fd, top.st_dev, spared))
         while True:
             current, _, pending = levels[-1]
             if pending:
@@ -128,7 +170,9 @@ def _remove_tree(at: PosixRoot, parent_fd: int, name: str, location: str) -> Non
                 levels.append((sub, (st.st_dev, st.st_ino), []))
                 if st.st_dev != top.st_dev:
                     _fail(errno.EXDEV, _MOUNT_POINT)
-                levels[-1][2].extend(_remove_non_folders(at, fd))
+                if levels[-1][1] in spared:
+                    _spared(_SPARED_FOLDER)
+                levels[-1][2].extend(_remove_non_folders(at, fd, st.st_dev, spared))
                 continue
             if len(levels) == 1:
                 break
@@ -155,16 +199,18 @@ def _remove_tree(at: PosixRoot, parent_fd: int, name: str, location: str) -> Non
         raise _RemovalError(location, exc) from exc
 
 
-
-def _remove_non_folders(at: PosixRoot, fd: int) -> list[str]:
-    """Remove everything but sub-folders from the folder ``fd``; return the sub-folders' names."""
+def _remove_non_folders(at: PosixRoot, fd: int, device: int, spared: AbstractSet[Hashable]) -> list[str]:
+    """Remove everything but sub-folders from the folder ``fd`` (on ``device``); return the sub-folders'
+    names. A file whose identity is spared stops it (rule 4): ``d_ino`` comes with the listing, no call."""
     with at.sys.scandir(fd) as it:
-        listing = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
+        listing = [(d.name, d.is_dir(follow_symlinks=False), d.inode()) for d in it]
     folders = []
-    for entry_name, is_dir in sorted(listing):  # sorted: the same tree is removed in the same order
+    for entry_name, is_dir, inode in sorted(listing):  # sorted: the same tree is removed in the same order
         if is_dir:
             folders.append(entry_name)
             continue
+        if (device, inode) in spared:
+            _spared(_SPARED_FILE, entry_name)
         try:
             at.sys.unlink(entry_name, dir_fd=fd)
         except FileNotFoundError:

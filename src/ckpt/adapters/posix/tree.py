@@ -17,6 +17,8 @@ Rules:
 4. ``physical_chains`` (``IdentifiesFolders``) resolves each path (``realpath``) and ``stat``-s the result
    and each of its ancestors up to ``/``, once per call for an ancestor many paths share: prune's judge of
    two spellings of one folder (docs/spec/operations.md §5.11). Never a walk of a save's files.
+   ``remove_saves_sparing`` removes as ``remove_saves`` does, never entering nor unlinking anything whose
+   identity is spared (:mod:`ckpt.adapters.posix.removal` rule 4), at no extra system call.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import errno
 import os
 import stat
 from collections.abc import Hashable, Sequence
+from collections.abc import Set as AbstractSet
 
 from ckpt.adapters.posix.syscalls import (
     DIR_FLAGS,
@@ -306,11 +309,16 @@ class PosixTree:
 
     def remove_saves(self, saves: Sequence[str]) -> list[SaveRemoval]:
         """Remove each save's folder relative to one descriptor of the root, never through a link."""
+        return self.remove_saves_sparing(saves, frozenset())
+
+    def remove_saves_sparing(self, saves: Sequence[str], spared: AbstractSet[Hashable]) -> list[SaveRemoval]:
+        """Remove each save's folder as ``remove_saves`` does, never entering nor unlinking what has a
+        ``(st_dev, st_ino)`` in ``spared`` (rule 4)."""
         from ckpt.adapters.posix.removal import remove_folder  # only a prune removes: not at start-up
 
         at = self._at
         root_fd = at.open_root()
         try:
-            return [SaveRemoval(save, remove_folder(at, root_fd, save)) for save in saves]
+            return [SaveRemoval(save, remove_folder(at, root_fd, save, spared)) for save in saves]
         finally:
             at.close_quietly(root_fd)
