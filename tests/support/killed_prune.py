@@ -56,8 +56,8 @@ class _KillingSyscalls(FaultySyscalls):
         if self._kill_at < 0 and operation == "unlink" and target.startswith("pub/"):
             _die()  # kill point -1: the journal written, no entry removed yet
         counted = (operation in ("unlink", "rmdir") and target.startswith("exec/")) or (
-            operation == "unlink" and target.startswith(_JOURNAL)
-        )
+            operation == "unlink" and target.startswith(_JOURNAL) and ".tmp-" not in target
+        )  # a decision's temporary name goes before any save's file: not a removal boundary
         if counted:
             if self._removals == self._kill_at:
                 _die()
