@@ -4,8 +4,9 @@ layout.md §5.10).
 
 * the put-back of an entry pinned during the prune fails (``EIO`` on POSIX, ``503`` from moto's server on
   S3): the prune fails naming its journal and what it removed; the next prune puts the entry back;
-* the prune is killed (a real SIGKILL) after removing the entries, before and after deciding its journal,
-  and before the put-back: the next ``ckpt prune`` (a real process) puts the entry back and finishes the job;
+* the prune is killed (a real SIGKILL) after removing the entries, before deciding its journal, and before
+  the put-back, on POSIX and on S3 (moto's server): the next ``ckpt prune`` (a real process) puts the entry
+  back and finishes the job;
 * two pins of one entry race a prune (forced step by step): the second says "already pinned" while the
   first sees the entry gone; the first no longer withdraws the pin the second relied on.
 
@@ -37,6 +38,7 @@ from ckpt.domain.journal import DECISION_SUFFIX
 from ckpt.domain.names import format_entry_name
 from support.faulty_syscalls import FaultySyscalls
 from support.s3 import answer_instead, error_body, new_bucket_name, raw_client
+from support.s3_processes import FAKE_ENVIRON
 
 TESTS = Path(__file__).parent
 E1, E2, E3 = (Entry(1, step, f"exec/a/ck-{step}") for step in (1, 2, 3))
@@ -203,6 +205,101 @@ class TestPosixKilledPrune:
             check=False,
         )
         assert resolve.stdout.strip() == f"{root}/{E3.save}"
+
+
+S3_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, sys.argv[4])
+    from ckpt.adapters.s3 import S3Store
+    from ckpt.domain.entries import Entry
+    from ckpt.domain.names import format_entry_name
+    from support.s3_processes import direct_client
+
+    endpoint, bucket, point = sys.argv[1:4]
+    root = f"s3://{bucket}"
+    e1 = Entry(1, 1, "exec/a/ck-1")
+    e1_key = f"pub/{format_entry_name(e1)}"
+    client = direct_client(endpoint)
+    state = {"removed": False}
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def before_delete(params, **_):
+        keys = [o["Key"] for o in params["Delete"]["Objects"]]
+        if keys and keys[0].startswith("pub/"):
+            print("pinned", S3Store(root, direct_client(endpoint)).pin(e1), flush=True)
+            state["removed"] = True
+
+    def before_list(params, **_):
+        if point == "after-the-entries" and state["removed"] and params.get("Prefix") == "pub/":
+            die()
+
+    def before_put(params, **_):
+        if point == "before-the-decision" and params["Key"].endswith(".decided"):
+            die()
+        if point == "before-the-put-back" and params["Key"] == e1_key and state["removed"]:
+            die()
+
+    client.meta.events.register("before-parameter-build.s3.DeleteObjects", before_delete)
+    client.meta.events.register("before-parameter-build.s3.ListObjectsV2", before_list)
+    client.meta.events.register("before-parameter-build.s3.PutObject", before_put)
+    S3Store(root, client).prune(1)
+    """
+)
+
+
+class TestS3KilledPrune:
+    @pytest.mark.parametrize("point", ["after-the-entries", "before-the-decision", "before-the-put-back"])
+    def test_a_pin_made_during_a_killed_prune_holds(
+        self, moto_server: str, tmp_path: Path, point: str
+    ) -> None:
+        """On moto's server, the prune (a real process) killed by SIGKILL at each point between removing the
+        entries and putting the pinned one back; ``ckpt prune`` (a real process) then puts e1 back and
+        finishes: e2's objects gone, no journal or decision left."""
+        client = raw_client(moto_server)
+        bucket = new_bucket_name()
+        client.create_bucket(Bucket=bucket)
+        root = f"s3://{bucket}"
+        for entry in (E1, E2, E3):
+            client.put_object(Bucket=bucket, Key=f"{entry.save}/model.bin", Body=b"w")
+            S3Store(root, client).publish(1, entry.step, f"{root}/{entry.save}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "AWS_"))}
+        env.update(FAKE_ENVIRON)
+        killed = subprocess.run(
+            [sys.executable, "-c", S3_KILLER, moto_server, bucket, point, str(TESTS)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert killed.stdout.splitlines() == ["pinned True"]
+        store = S3Store(root, client)
+        assert store.pinned() == [E1]
+        assert E1 not in store.entries()
+        config = tmp_path / "ckpt.toml"
+        config.write_text(
+            f'[s3]\nendpoint_url = "{moto_server}"\nregion = "us-east-1"\naddressing_style = "path"\n'
+            '[[credentials]]\nsource = "env"\n'
+        )
+        prune = subprocess.run(
+            [sys.executable, "-m", "ckpt", "--config", str(config), "--root", root, "prune", "--keep", "1"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert prune.returncode == 0, prune.stderr
+        assert f"put back entry: epoch 1 step 1 {root}/{E1.save} (pinned)" in prune.stdout.splitlines()
+        assert store.entries() == [E1, E3]
+        keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", ())}
+        assert f"{E1.save}/model.bin" in keys
+        assert f"{E2.save}/model.bin" not in keys
+        assert not [k for k in keys if k.startswith(JOURNAL_PREFIX)]
 
 
 class GatedPins(PosixStore):
