@@ -68,6 +68,33 @@ def posix_root(tmp_path: Path) -> Path:
     return root
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any ckpt or AWS setting, plus ``extra``."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "AWS_"))}, **extra}
+
+
+def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as a real process, its output captured."""
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+
+
+def ckpt(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``ckpt ARGS`` as a real process, in a clean environment by default."""
+    return run([sys.executable, "-m", "ckpt", *args], env if env is not None else clean_env())
+
+
+def s3_root(endpoint: str) -> tuple[Any, str, str]:
+    """A new bucket on moto's server with e1, e2 and e3 published: (client, bucket, root)."""
+    client = raw_client(endpoint)
+    bucket = new_bucket_name()
+    client.create_bucket(Bucket=bucket)
+    root = f"s3://{bucket}"
+    for entry in (E1, E2, E3):
+        client.put_object(Bucket=bucket, Key=f"{entry.save}/model.bin", Body=b"w")
+        S3Store(root, client).publish(1, entry.step, f"{root}/{entry.save}")
+    return client, bucket, root
+
+
 def control_objects(root: Path) -> list[str]:
     return sorted(n for n in os.listdir(root) if n.startswith(JOURNAL_PREFIX))
 
@@ -166,13 +193,7 @@ class TestPosixKilledPrune:
         there, e1 is not listed, every folder is whole; ``ckpt prune`` (a real process) then puts e1 back and
         finishes: e2 and its folder gone, no journal or decision left; ``ckpt resolve`` prints e3."""
         root = posix_root(tmp_path)
-        killed = subprocess.run(
-            [sys.executable, "-c", KILLER, str(root), point, str(TESTS)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        killed = run([sys.executable, "-c", KILLER, str(root), point, str(TESTS)])
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         assert killed.stdout.splitlines() == ["pinned True"]
         store = PosixStore(str(root))
@@ -181,29 +202,14 @@ class TestPosixKilledPrune:
         assert all((root / e.save / "model.bin").is_file() for e in (E1, E2, E3))
         decided = [n for n in control_objects(root) if n.endswith(DECISION_SUFFIX)]
         assert len(decided) == (1 if point == "before-the-put-back" else 0)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "AWS_"))}
-        prune = subprocess.run(
-            [sys.executable, "-m", "ckpt", "--root", str(root), "prune", "--keep", "1"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+        prune = ckpt("--root", str(root), "prune", "--keep", "1")
         assert prune.returncode == 0, prune.stderr
         assert f"put back entry: epoch 1 step 1 {root}/{E1.save} (pinned)" in prune.stdout.splitlines()
         assert store.entries() == [E1, E3]
         assert (root / E1.save / "model.bin").read_bytes() == b"w" * 8
         assert not (root / E2.save).exists()
         assert control_objects(root) == []
-        resolve = subprocess.run(
-            [sys.executable, "-m", "ckpt", "--root", str(root), "resolve"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+        resolve = ckpt("--root", str(root), "resolve")
         assert resolve.stdout.strip() == f"{root}/{E3.save}"
 
 
@@ -258,23 +264,9 @@ class TestS3KilledPrune:
         """On moto's server, the prune (a real process) killed by SIGKILL at each point between removing the
         entries and putting the pinned one back; ``ckpt prune`` (a real process) then puts e1 back and
         finishes: e2's objects gone, no journal or decision left."""
-        client = raw_client(moto_server)
-        bucket = new_bucket_name()
-        client.create_bucket(Bucket=bucket)
-        root = f"s3://{bucket}"
-        for entry in (E1, E2, E3):
-            client.put_object(Bucket=bucket, Key=f"{entry.save}/model.bin", Body=b"w")
-            S3Store(root, client).publish(1, entry.step, f"{root}/{entry.save}")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "AWS_"))}
-        env.update(FAKE_ENVIRON)
-        killed = subprocess.run(
-            [sys.executable, "-c", S3_KILLER, moto_server, bucket, point, str(TESTS)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+        client, bucket, root = s3_root(moto_server)
+        env = clean_env(**FAKE_ENVIRON)
+        killed = run([sys.executable, "-c", S3_KILLER, moto_server, bucket, point, str(TESTS)], env)
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         assert killed.stdout.splitlines() == ["pinned True"]
         store = S3Store(root, client)
@@ -285,14 +277,7 @@ class TestS3KilledPrune:
             f'[s3]\nendpoint_url = "{moto_server}"\nregion = "us-east-1"\naddressing_style = "path"\n'
             '[[credentials]]\nsource = "env"\n'
         )
-        prune = subprocess.run(
-            [sys.executable, "-m", "ckpt", "--config", str(config), "--root", root, "prune", "--keep", "1"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+        prune = ckpt("--config", str(config), "--root", root, "prune", "--keep", "1", env=env)
         assert prune.returncode == 0, prune.stderr
         assert f"put back entry: epoch 1 step 1 {root}/{E1.save} (pinned)" in prune.stdout.splitlines()
         assert store.entries() == [E1, E3]
@@ -325,34 +310,21 @@ class TestTwoPinsRacingAPrune:
         the prune removes e1; pin A then sees e1 gone. A leaves the pin (NotFoundError saying so), the prune
         reads it, puts e1 back and keeps ck-1: B's pin holds."""
         root = posix_root(tmp_path)
-        first = GatedPins(str(root))
+        first = PausedPin(GatedPins(str(root)), E1)
         outcome: dict[str, Any] = {}
 
-        def pin_a() -> None:
-            try:
-                outcome["a"] = first.pin(E1)
-            except NotFoundError as exc:
-                outcome["a"] = exc
-
-        thread = threading.Thread(target=pin_a)
-
         def a_creates_and_b_pins() -> None:  # before the prune removes e1: A created the pin, B saw e1
-            thread.start()
-            assert first.ready.wait(30)
+            first.start()
             outcome["b"] = PosixStore(str(root)).pin(E1)
-
-        def a_looks_again() -> None:  # after the prune removed e1, before it reads the pins again
-            first.go.set()
-            thread.join(30)
 
         e1_name = format_entry_name(E1)
         calls = HookedSyscalls(
-            str(root), [("unlink", f"pub/{e1_name}", a_creates_and_b_pins), ("open", "pub", a_looks_again)]
-        )
+            str(root), [("unlink", f"pub/{e1_name}", a_creates_and_b_pins), ("open", "pub", first.finish)]
+        )  # A looks again after the prune removed e1, before the prune reads the pins again
         result = PosixStore(str(root), syscalls=calls).prune(1)
         assert outcome["b"] is False  # already pinned: B relied on A's pin
-        assert isinstance(outcome["a"], NotFoundError)
-        assert "the pin is left" in str(outcome["a"])
+        assert isinstance(first.outcome, NotFoundError)
+        assert "the pin is left" in str(first.outcome)
         assert result.restored == (E1,)
         assert result.removed_entries == (E2,)
         store = PosixStore(str(root))
@@ -366,35 +338,43 @@ class TestTwoPinsRacingAPrune:
         good; the pin is created only then, finds e1 gone and that decision: it withdraws its pin and says the
         prune removed the entry; ck-1 goes."""
         root = posix_root(tmp_path)
-        late = GatedCreate(str(root))
-        outcome: dict[str, Any] = {}
-
-        def pin() -> None:
-            try:
-                outcome["pin"] = late.pin(E1)
-            except NotFoundError as exc:
-                outcome["pin"] = exc
-
-        thread = threading.Thread(target=pin)
-
-        def start_the_pin() -> None:  # before the prune removes e1: the pin's first look sees it
-            thread.start()
-            assert late.ready.wait(30)
-
-        def create_it_now() -> None:  # the decision is made (the journal's check follows it)
-            late.go.set()
-            thread.join(30)
-
+        late = PausedPin(GatedCreate(str(root)), E1)
+        # Started before the prune removes e1 (its first look sees it); created once the decision is made
+        # (the journal's check follows the decision).
         e1_name = format_entry_name(E1)
         calls = HookedSyscalls(
-            str(root), [("unlink", f"pub/{e1_name}", start_the_pin), ("lstat", JOURNAL_PREFIX, create_it_now)]
+            str(root), [("unlink", f"pub/{e1_name}", late.start), ("lstat", JOURNAL_PREFIX, late.finish)]
         )
         result = PosixStore(str(root), syscalls=calls).prune(1)
-        assert isinstance(outcome["pin"], NotFoundError)
-        assert "a prune removed the entry while it was being pinned" in str(outcome["pin"])
+        assert isinstance(late.outcome, NotFoundError)
+        assert "a prune removed the entry while it was being pinned" in str(late.outcome)
         assert result.removed_entries == (E1, E2)
         assert PosixStore(str(root)).pinned() == []
         assert not (root / E1.save).exists()
+
+
+class PausedPin:
+    """A real ``pin`` of ``entry`` through a gated store, in a thread: :meth:`start` runs it up to the
+    store's gate, :meth:`finish` lets it end; ``outcome`` is what it returned or raised."""
+
+    def __init__(self, store: GatedPins | GatedCreate, entry: Entry) -> None:
+        self.store = store
+        self.outcome: Any = None
+        self._thread = threading.Thread(target=self._run, args=(entry,))
+
+    def _run(self, entry: Entry) -> None:
+        try:
+            self.outcome = self.store.pin(entry)
+        except NotFoundError as exc:
+            self.outcome = exc
+
+    def start(self) -> None:
+        self._thread.start()
+        assert self.store.ready.wait(30)
+
+    def finish(self) -> None:
+        self.store.go.set()
+        self._thread.join(30)
 
 
 class GatedCreate(PosixStore):
@@ -418,13 +398,7 @@ class TestS3PutBackFails:
         """On moto's server: e1 pinned (the real flow) just before the prune's DeleteObjects of the entries;
         the put-back PutObject of pub/<e1> answered 503 every time; the prune fails naming its journal;
         the next prune puts e1 back and finishes."""
-        client = raw_client(moto_server)
-        bucket = new_bucket_name()
-        client.create_bucket(Bucket=bucket)
-        root = f"s3://{bucket}"
-        for entry in (E1, E2, E3):
-            client.put_object(Bucket=bucket, Key=f"{entry.save}/model.bin", Body=b"w")
-            S3Store(root, client).publish(1, entry.step, f"{root}/{entry.save}")
+        client, bucket, root = s3_root(moto_server)
         pruner = raw_client(moto_server)
         state = {"pinned": False}
 
@@ -486,40 +460,28 @@ class TestCliSaysWhatAFailedPruneLeft:
         root = posix_root(tmp_path)
         script = tmp_path / "mounted.py"
         script.write_text(MOUNTED_PRUNE)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "AWS_"))}
-        done = subprocess.run(
-            [
-                "unshare",
-                "-m",
-                sys.executable,
-                str(script),
-                str(root),
-                str(root / E1.save),
-                *(["--json"] if json_output else []),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
+        flags = ["--json"] if json_output else []
+        done = run(
+            ["unshare", "-m", sys.executable, str(script), str(root), str(root / E1.save), *flags],
+            clean_env(),
         )
         assert done.returncode == 0, done.stderr
-        run = json.loads(done.stdout)
-        assert run["code"] == 1, run["stderr"]
+        prune = json.loads(done.stdout)
+        assert prune["code"] == 1, prune["stderr"]
         (journal,) = (n for n in control_objects(root) if not n.endswith(DECISION_SUFFIX))
-        lines = run["stderr"].splitlines()
+        lines = prune["stderr"].splitlines()
         error = f"ckpt: cannot remove the folder {root}/{E1.save}: a mount point of another file system"
         assert lines[-1].startswith(error)
         assert f"the folders still to remove are listed in {root}/{journal}" in lines[-1]
         if json_output:
-            document = json.loads(run["stdout"])
+            document = json.loads(prune["stdout"])
             assert document["incomplete"] is True
             assert document["journal"] == f"{root}/{journal}"
             assert [e["step"] for e in document["removed_entries"]] == [1, 2]
             assert document["removed_folders"] == []  # ck-1 is first: nothing removed before it
             assert len(lines) == 1
         else:
-            assert run["stdout"] == ""
+            assert prune["stdout"] == ""
             assert lines[:-1] == [
                 f"ckpt: removed entry: epoch 1 step 1 {root}/{E1.save}",
                 f"ckpt: removed entry: epoch 1 step 2 {root}/{E2.save}",

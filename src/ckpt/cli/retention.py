@@ -11,7 +11,7 @@ from ckpt.cli import EXIT_NOTHING, EXIT_OK, Context, UsageError, whole_number
 from ckpt.domain.errors import NotFoundError, PruneIncompleteError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Iterator
 
     from ckpt.domain.entries import Entry
     from ckpt.domain.ports import WatchStore
@@ -39,17 +39,25 @@ def cmd_prune(ctx: Context) -> int:
         entry = kept.entry
         why = kept_reasons(kept, keep, keep_every)
         ctx.say(f"kept entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} ({why})")
-    for entry in result.removed_entries:
-        ctx.say(f"{verb} entry: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
-    for entry in result.restored:
-        ctx.say(f"put back entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} (pinned)")
-    for folder in result.removed_folders:
-        ctx.say(f"{verb} folder: {folder}")
+    for line in _removal_lines(store, verb, result.removed_entries, result.restored, result.removed_folders):
+        ctx.say(line)
     for skip in result.skipped:
         ctx.say(f"kept folder: {skip.location} ({skip.reason})")
     if not (result.removed_entries or result.removed_folders or result.skipped or result.restored):
         ctx.say("nothing to prune")
     return EXIT_OK
+
+
+def _removal_lines(
+    store: WatchStore, verb: str, entries: Iterable[Entry], restored: Iterable[Entry], folders: Iterable[str]
+) -> Iterator[str]:
+    """The lines of what a prune removed (or would) and put back, in cli.md §7.3's order."""
+    for entry in entries:
+        yield f"{verb} entry: epoch {entry.epoch} step {entry.step} {store.location(entry)}"
+    for entry in restored:
+        yield f"put back entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} (pinned)"
+    for folder in folders:
+        yield f"{verb} folder: {folder}"
 
 
 def _say_what_was_left(ctx: Context, store: WatchStore, exc: PruneIncompleteError) -> None:
@@ -69,12 +77,8 @@ def _say_what_was_left(ctx: Context, store: WatchStore, exc: PruneIncompleteErro
             ctx.stdout,
         )
         return
-    for entry in exc.removed_entries:
-        ctx.warn(f"removed entry: epoch {entry.epoch} step {entry.step} {store.location(entry)}")
-    for folder in exc.removed_folders:
-        ctx.warn(f"removed folder: {folder}")
-    for entry in exc.restored:
-        ctx.warn(f"put back entry: epoch {entry.epoch} step {entry.step} {store.location(entry)} (pinned)")
+    for line in _removal_lines(store, "removed", exc.removed_entries, exc.restored, exc.removed_folders):
+        ctx.warn(line)
     if exc.journal is not None:
         ctx.warn(f"left journal: {exc.journal} (the next prune finishes the job)")
 

@@ -151,6 +151,16 @@ class Bucket:
             pause *= 2
         raise AssertionError("unreachable: the last conflicting attempt raises")
 
+    def create_new(self, key: str, *, action: str, body: bytes = b"", needs: str = "") -> bool:
+        """:meth:`create_exclusive`, True when this call created the object; a storage that does not
+        implement the condition is ``StorageError`` ("cannot <action> <url>: ...<needs>")."""
+        outcome = self.create_exclusive(key, action=action, body=body)
+        if outcome == "unsupported":
+            url = self.url(key)
+            refusal = f"the storage does not implement If-None-Match: *{needs} ({NOT_IMPLEMENTED})"
+            raise StorageError(f"cannot {action} {url}: {refusal}", location=url)
+        return outcome == "created"
+
     def _writer_of(self, key: str, *, action: str) -> str | None:
         """The writer token the object ``key`` carries (one ``HeadObject``); ``None`` for none, or no object.
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ckpt.adapters.s3.errors import NOT_IMPLEMENTED
 from ckpt.adapters.s3.objects import Bucket
 from ckpt.domain.entries import PINS_DIR_NAME
 from ckpt.domain.errors import MalformedError, StorageError
@@ -42,15 +41,7 @@ class S3Pins:
 
     def create(self, name: str) -> bool:
         """Create ``pins/<name>`` with ``If-None-Match: *``; False when it already exists."""
-        key = self._pins + name
-        outcome = self._bucket.create_exclusive(key, action="pin")
-        if outcome == "unsupported":
-            url = self._bucket.url(key)
-            raise StorageError(
-                f"cannot pin {url}: the storage does not implement If-None-Match: * ({NOT_IMPLEMENTED})",
-                location=url,
-            )
-        return outcome == "created"
+        return self._bucket.create_new(self._pins + name, action="pin")
 
     def remove(self, names: Sequence[str]) -> list[str]:
         """Delete the pins ``names``; absent ones are fine."""

@@ -38,7 +38,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ckpt.adapters.concurrent_probe import DEFAULT_WRITERS, run_at_once
 from ckpt.adapters.s3.client import S3Connection
-from ckpt.adapters.s3.errors import NOT_IMPLEMENTED
 from ckpt.adapters.s3.objects import Bucket, S3Client
 from ckpt.adapters.s3.pins import S3Pins
 from ckpt.application.checkpoint_store import CheckpointStore
@@ -95,16 +94,9 @@ class S3Log:
 
     def create(self, name: str) -> bool:
         """Create ``pub/<name>`` with ``If-None-Match: *`` (rule 1); False when it already exists."""
-        key = self._pub + name
-        outcome = self._bucket.create_exclusive(key, action="publish")
-        if outcome == "unsupported":
-            url = self._bucket.url(key)
-            raise StorageError(
-                f"cannot publish {url}: the storage does not implement If-None-Match: *, so it cannot hold "
-                f"a publication log ({NOT_IMPLEMENTED})",
-                location=url,
-            )
-        return outcome == "created"
+        return self._bucket.create_new(
+            self._pub + name, action="publish", needs=", so it cannot hold a publication log"
+        )
 
     def remove(self, names: Sequence[str]) -> list[str]:
         """Delete the entries (rule 4); every name asked for is reported removed."""
@@ -232,15 +224,7 @@ class S3Journal:
     def create_decision(self, journal: str, data: bytes) -> bool:
         """Put the decision of ``journal`` exclusively (rule 5); False when another decider put it first."""
         key = self._key(journal) + DECISION_SUFFIX
-        outcome = self._bucket.create_exclusive(key, action="create the prune decision", body=data)
-        if outcome == "unsupported":
-            url = self._bucket.url(key)
-            raise StorageError(
-                f"cannot create the prune decision {url}: the storage does not implement If-None-Match: *"
-                f" ({NOT_IMPLEMENTED})",
-                location=url,
-            )
-        return outcome == "created"
+        return self._bucket.create_new(key, action="create the prune decision", body=data)
 
     def journal_exists(self, identifier: str) -> bool:
         """Return True when the journal object is still there (one ``HeadObject``)."""
