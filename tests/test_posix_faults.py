@@ -371,8 +371,8 @@ PRUNE_CALLS = """
     lstat <journal>
     close .
     realpath exec/a/ck-3            the re-check, again   : each kept save and candidate resolved and
-    stat exec/a/ck-3                identified, with every ancestor up to / (each once)
-    stat exec/a
+    stat exec/a/ck-3                identified, with every ancestor up to / (each once); the removal
+    stat exec/a                     spares the needed identities this round found
     stat exec
     stat .
     stat <above-root>
@@ -380,12 +380,6 @@ PRUNE_CALLS = """
     stat exec/a/ck-1
     realpath exec/a/ck-2
     stat exec/a/ck-2
-    realpath exec/a/ck-3            the identities the removal spares (§5.11): each remaining save's chain
-    stat exec/a/ck-3
-    stat exec/a
-    stat exec
-    stat .
-    stat <above-root>
     open .                          the folders, removed relative to one descriptor of the root
     open exec                       ck-1: every element opened with O_NOFOLLOW
     open exec/a

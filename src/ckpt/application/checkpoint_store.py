@@ -34,7 +34,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING
 
@@ -61,9 +61,24 @@ from ckpt.domain.saves import MAX_READ_BYTES, check_save_kind, validate_file_nam
 if TYPE_CHECKING:
     from ckpt.domain.follow import Followed, StopSignal
     from ckpt.domain.journal import Journal
+    from ckpt.domain.prune import PhysicalOverlap
     from ckpt.domain.removing import Removing
 
-__all__ = ["CheckpointStore"]
+__all__ = ["CheckpointStore", "PhysicallyNeeded"]
+
+
+class PhysicallyNeeded:
+    """A judgement of physical identity (``_physically_needed``): called with a candidate, whether a needed
+    save reaches it by another path; ``overlap.identities`` is what the removal must spare."""
+
+    __slots__ = ("_chains", "overlap")
+
+    def __init__(self, overlap: PhysicalOverlap, chains: Mapping[str, Sequence[Hashable] | None]) -> None:
+        self.overlap = overlap
+        self._chains = chains
+
+    def __call__(self, folder: str) -> bool:
+        return self.overlap(self._chains[folder])
 
 
 class CheckpointStore:
@@ -271,7 +286,7 @@ class CheckpointStore:
 
     def _physically_needed(
         self, saves: Iterable[str], pins: Iterable[Entry], folders: Sequence[str]
-    ) -> Callable[[str], bool] | None:
+    ) -> PhysicallyNeeded | None:
         """Return whether a candidate among ``folders`` physically is, contains or lies inside one of
         ``saves`` or a pin's save (``ckpt.domain.prune`` rule 5); None when the tree cannot tell or there is
         no candidate."""
@@ -281,24 +296,16 @@ class CheckpointStore:
             return None
         needed = list(dict.fromkeys([*saves, *(p.save for p in pins)]))
         chains = self._identifies.physical_chains(list(dict.fromkeys([*needed, *folders])))
-        overlap = PhysicalOverlap(chains[s] for s in needed)
-        return lambda folder: overlap(chains[folder])
+        return PhysicallyNeeded(PhysicalOverlap(chains[s] for s in needed), chains)
 
-    def _remove_folders(
-        self, folders: Sequence[str], saves: Iterable[str], pins: Iterable[Entry]
-    ) -> list[SaveRemoval]:
-        """Remove ``folders``; where the tree identifies folders, never through a folder that is, or holds,
-        one of ``saves`` or a pin's save by another path (a bind mount inside a candidate; §5.11)."""
-        from ckpt.domain.prune import PhysicalOverlap
-
+    def _remove_folders(self, folders: Sequence[str], needed: PhysicallyNeeded | None) -> list[SaveRemoval]:
+        """Remove ``folders``; where the tree identifies folders (``needed`` then judged them), never through
+        a folder that is, or holds, a needed save by another path (a bind mount inside a candidate; §5.11)."""
         if not folders:
             return []
-        if self._identifies is None:
+        if self._identifies is None or needed is None:
             return self._tree.remove_saves(folders)
-        needed = list(dict.fromkeys([*saves, *(p.save for p in pins)]))
-        chains = self._identifies.physical_chains(needed)
-        spared = PhysicalOverlap(chains[s] for s in needed).identities
-        return self._identifies.remove_saves_sparing(folders, spared)
+        return self._identifies.remove_saves_sparing(folders, needed.overlap.identities)
 
     # -- what the watcher needs ------------------------------------------------------------------------
 

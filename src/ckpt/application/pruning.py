@@ -42,16 +42,17 @@ from ckpt.domain.prune import Overlap, recheck_folders
 from ckpt.domain.retention import SKIP_PINNED
 
 if TYPE_CHECKING:
-    from ckpt.application.checkpoint_store import CheckpointStore
+    from ckpt.application.checkpoint_store import CheckpointStore, PhysicallyNeeded
     from ckpt.domain.locator import Locator
     from ckpt.domain.ports import PruneJournal, PublicationLog, SaveTree
 
 __all__ = ["PruneRun"]
 
 _MAX_REFUSED_IN_MESSAGE = 10
-NeededBy = Callable[[Iterable[str], Iterable[Entry], Sequence[str]], "Callable[[str], bool] | None"]
-#: Removes folders, sparing what the remaining saves and pins are by another path (``CheckpointStore``).
-RemovesFolders = Callable[[Sequence[str], Iterable[str], Iterable[Entry]], "list[SaveRemoval]"]
+#: Judges physical identity (``CheckpointStore._physically_needed``).
+NeededBy = Callable[[Iterable[str], Iterable[Entry], Sequence[str]], "PhysicallyNeeded | None"]
+#: Removes folders, sparing what that judgement found needed (``CheckpointStore._remove_folders``).
+RemovesFolders = Callable[[Sequence[str], "PhysicallyNeeded | None"], "list[SaveRemoval]"]
 
 
 class PruneRun:
@@ -173,17 +174,13 @@ class PruneRun:
         self._put_back(sorted(self._spared - set(present), key=lambda e: e.key))
         pinned_now = Overlap(p.save for p in pins)
         saves_now = [*(e.save for e in present), *(e.save for e in self._spared)]
-        check = recheck_folders(
-            planned,
-            left,
-            [*saves_now, *(p.save for p in pins)],
-            needed_by(saves_now, pins, (*planned, *left)),
-        )
+        needed = needed_by(saves_now, pins, (*planned, *left))
+        check = recheck_folders(planned, left, [*saves_now, *(p.save for p in pins)], needed)
         check = attrs.evolve(
             check,
             skipped=tuple((f, SKIP_PINNED if pinned_now(f) else why) for f, why in check.skipped),
         )
-        outcomes = remove_folders(check.remove, saves_now, pins)
+        outcomes = remove_folders(check.remove, needed)  # sparing what the re-check found needed
         skipped = [SkippedFolder(self._locator.location(f), why) for f, why in check.skipped]
         refused: list[tuple[str, str]] = []
         for outcome in outcomes:
