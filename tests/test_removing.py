@@ -282,3 +282,37 @@ class TestFollow:
         stop.set()
         assert list(followed) == []  # and nothing after it: the stop ends the follow
         assert first == Followed(Entry(EPOCH, 30, f"{EXEC}/checkpoint-30"), latest=True)
+
+
+class TestAnotherSpelling:
+    """POSIX: a journal names the save by one spelling, a reader meets it by another (the execution folder is
+    a link to shared storage, ADR 0004): the tombstone holds by physical identity (removing.py rule 4)."""
+
+    def _root(self, tmp_path: Path) -> tuple[PosixStore, str]:
+        real = tmp_path / "exec" / "real" / "checkpoint-10"
+        real.mkdir(parents=True)
+        for name, data in FILES.items():
+            (real / name).write_bytes(data)
+        (tmp_path / EXEC).symlink_to("real")
+        journal = tmp_path / f"{JOURNAL_PREFIX}00aa"
+        journal.write_bytes(_journal("exec/real/checkpoint-10"))
+        return PosixStore(str(tmp_path)), str(journal)
+
+    def test_the_save_through_the_link_is_being_removed(self, tmp_path: Path) -> None:
+        """``journal_of`` names the journal for the linked spelling, the real one, and a folder holding it;
+        not for a sibling."""
+        store, journal = self._root(tmp_path)
+        (tmp_path / "exec" / "real" / "checkpoint-20").mkdir()
+        removing = store.removing()
+        assert removing.journal_of(f"{EXEC}/checkpoint-10") == journal
+        assert removing.journal_of("exec/real/checkpoint-10") == journal
+        assert removing.journal_of(EXEC) == journal
+        assert removing.journal_of(f"{EXEC}/checkpoint-20") is None
+
+    def test_a_watcher_over_the_linked_folder_publishes_nothing(self, tmp_path: Path) -> None:
+        """The half-removed save looks complete under the linked spelling: a new watcher publishes nothing."""
+        store, _ = self._root(tmp_path)
+        watcher = Watcher(store, _hf(), store.exec_dir(ATTEMPT), EPOCH, 1.0, settle=0)
+        assert watcher.scan() == []
+        assert watcher.scan() == []
+        assert store.entries() == []

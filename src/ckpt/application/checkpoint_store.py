@@ -168,7 +168,10 @@ class CheckpointStore:
 
         if self._journal is None:
             return NEVER_REMOVING
-        return Removing.of_journals(self._journal.read_journals())
+        removing = Removing.of_journals(self._journal.read_journals())
+        if self._identifies is not None and removing:
+            return removing.by_identity(self._identifies.physical_chains)  # ckpt.domain.removing rule 4
+        return removing
 
     # -- pins (the flows in ckpt.application.pins; docs/spec/operations.md §9), and prune ----------------
 

@@ -16,18 +16,27 @@ Rules:
    folder, lies inside one, or contains one. ``exec/a/ck-1`` is not touched by a journal listing
    ``exec/a/ck-10``.
 3. When several journals list a save, the first in identifier order names it (journals are read sorted).
+4. Where the store can tell physical identity (POSIX), a save is also being removed when it physically is,
+   lies inside or contains a listed folder, whatever path each names it by (a watcher scanning a linked
+   execution folder meets the half-removed save under another spelling): :meth:`Removing.by_identity`
+   takes the store's identity chains (``PhysicalOverlap``, operations.md §5.11), once for the journals'
+   folders and once per save asked about, only after the lexical rule found no journal.
 
 Pure: standard library and attrs only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from ckpt.domain.journal import Journal, read_control
-from ckpt.domain.prune import Overlap
+from ckpt.domain.prune import Overlap, PhysicalOverlap
 
 __all__ = ["NEVER_REMOVING", "Removing", "being_removed_reason"]
+
+
+#: What gives the identity chains of save paths (``IdentifiesFolders.physical_chains``).
+ChainsOf = Callable[[Sequence[str]], Mapping[str, Sequence[Hashable] | None]]
 
 
 class Removing:
@@ -39,13 +48,31 @@ class Removing:
     ['/r/.ckpt-prune-0a', None, '/r/.ckpt-prune-0a']
     """
 
-    __slots__ = ("_journals",)
+    __slots__ = ("_chain_of", "_folders", "_journals", "_physical")
 
     def __init__(self, journals: Iterable[tuple[str, Iterable[str]]] = ()) -> None:
         listed = sorted(((name, tuple(folders)) for name, folders in journals), key=lambda j: j[0])
+        self._folders = tuple((name, folders) for name, folders in listed if folders)
         self._journals: tuple[tuple[str, Overlap], ...] = tuple(
-            (name, Overlap(folders)) for name, folders in listed if folders
+            (name, Overlap(folders)) for name, folders in self._folders
         )
+        self._physical: tuple[tuple[str, PhysicalOverlap], ...] = ()
+        self._chain_of: Callable[[str], Sequence[Hashable] | None] | None = None
+
+    def by_identity(self, chains_of: ChainsOf) -> Removing:
+        """Return these tombstones judged by physical identity too (rule 4); ``chains_of`` gives the
+        identity chains of save paths (``IdentifiesFolders.physical_chains``), and is asked now for every
+        listed folder, later for each save asked about."""
+        judged = Removing()
+        judged._folders, judged._journals = self._folders, self._journals
+        if not self._folders:
+            return judged
+        chains = chains_of(list(dict.fromkeys(f for _, folders in self._folders for f in folders)))
+        judged._physical = tuple(
+            (name, PhysicalOverlap(chains[f] for f in folders)) for name, folders in self._folders
+        )
+        judged._chain_of = lambda save: chains_of([save])[save]
+        return judged
 
     @classmethod
     def of_journals(cls, journals: Sequence[tuple[str, bytes]]) -> Removing:
@@ -66,6 +93,11 @@ class Removing:
         for name, overlap in self._journals:
             if overlap(save):
                 return name
+        if self._chain_of is not None:
+            chain = self._chain_of(save)
+            for name, physical in self._physical:
+                if physical(chain):
+                    return name
         return None
 
 
