@@ -27,6 +27,7 @@ from ckpt.application.verify import MISSING_FOLDER, Verified, resolve_verified
 from ckpt.application.watcher import Watcher
 from ckpt.domain.rules import BUILTIN, Rule, builtin_rule, parse_custom_rules
 from ckpt.domain.rules.presence import EMPTY_FILE, EMPTY_FOLDER
+from support.fixtures import HARNESS_FACTORIES
 from support.harness import Harness, MemoryHarness
 from support.rule_layouts import zip_bytes
 from support.s3 import RequestLog, S3Harness, new_bucket_name
@@ -120,26 +121,28 @@ def publish_whole(harness: Harness, case: str) -> Any:
     return entry
 
 
-def needs_files(harness: Harness, case: str) -> None:
-    """The in-memory fake's reader sees folders only (``ckpt.inspection.StoreSaves``): no file saves."""
+def _stores_for(case: str) -> list[str]:
+    """The harnesses a case runs on: the in-memory fake's reader sees folders only
+    (``ckpt.inspection.StoreSaves``), so a single-file save runs on the real stores only."""
     _, layout, gone = LAYOUTS[case]
-    if isinstance(harness, MemoryHarness) and gone in layout:
-        pytest.skip("the in-memory fake lists no single-file saves")
+    return [name for name in sorted(HARNESS_FACTORIES) if not (name == "memory" and gone in layout)]
+
+
+#: Every (case, harness) pair that can be built: the cases crossed with the stores that can hold them.
+CASES_ON_STORES = [(case, store) for case in sorted(LAYOUTS) for store in _stores_for(case)]
 
 
 class TestVerifiedResolveOfAMissingSave:
-    @pytest.mark.parametrize("case", sorted(LAYOUTS))
+    @pytest.mark.parametrize(("case", "harness"), CASES_ON_STORES, indirect=["harness"])
     def test_a_deleted_save_is_skipped_as_missing(self, harness: Harness, case: str) -> None:
         """Under every rule, a published save that was deleted is passed over as missing, never handed out."""
-        needs_files(harness, case)
         entry = publish_whole(harness, case)
         take_away(harness, LAYOUTS[case][2])
         assert resolve_verified(harness.store(), rule_for(case)) == Verified(None, ((entry, MISSING_FOLDER),))
 
-    @pytest.mark.parametrize("case", sorted(LAYOUTS))
+    @pytest.mark.parametrize(("case", "harness"), CASES_ON_STORES, indirect=["harness"])
     def test_an_older_whole_save_is_resumed_from(self, harness: Harness, case: str) -> None:
         """With the newest save deleted, verified resolve goes down to the older whole save."""
-        needs_files(harness, case)
         name, layout, _ = LAYOUTS[case]
         store = harness.store()
         older = f"{ATTEMPT[:-1]}1"  # another execution's folder holds the older, whole save
