@@ -7,8 +7,8 @@ holding the tag, **without waiting for the other ranks** (the only barrier comes
 
 Rules (their home, with what they prove and what not, is docs/spec/watcher.md §2.7; numbered as there):
 
-1. ``latest`` beside the save names its tag, or a later ``global_step<M>`` (M >= N): a later save can only
-   have started after this one's final barrier. (A save is a folder named ``global_step<N>``, §1.)
+1. ``latest`` beside the save names its tag, or a ``global_step<M>`` of a step at least as great: a later
+   save can only have started after this one's final barrier. (A save is a folder ``global_step<S>``, §1.)
 2. The shard names form whole grids: a model-states file for every model-parallel rank ``0 … max``
    (``mp_rank_XX_model_states.pt``, or ``zero_pp_rank_<dp>_mp_rank_XX_model_states.pt`` under ZeRO-3, then
    for every data-parallel rank too), and with optimizer shards
