@@ -10,7 +10,7 @@ import io
 import logging
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import unquote
 
 import pytest
@@ -183,7 +183,7 @@ class TestZipEndThroughTheWatcher:
     stored inside it, or whose end was written before its middle, is never published nor resolved; a
     torch-like one whose directory starts before the tail read is, on POSIX and on S3."""
 
-    SAVES = {
+    SAVES: ClassVar[dict[str, bytes]] = {
         "epoch=0-step=1.ckpt": torch_zip(1200),  # complete; its directory starts before the tail read
         "epoch=0-step=2.ckpt": torch_zip(3, zip64="saturated"),  # complete
         "epoch=0-step=3.ckpt": inner_zip_cut(50),  # cut right after an inner zip
@@ -218,8 +218,8 @@ class TestZipEndThroughTheWatcher:
         self._resolve(store, str(base))
 
     def test_on_s3_with_request_counts(self, moto_server: str) -> None:
-        """On S3 (moto's server): the same verdicts; judging a file costs one ranged GetObject of its tail, and
-        one more of 4 bytes at its directory only when the directory starts before the tail."""
+        """On S3 (moto's server): the same verdicts; judging a file costs one ranged GetObject of its tail,
+        and one more of 4 bytes at its directory only when the directory starts before the tail."""
         arrange = raw_client(moto_server)
         bucket = new_bucket_name()
         arrange.create_bucket(Bucket=bucket)
