@@ -72,7 +72,7 @@ class HfRule:
         for name in rank_files(Framework.HF, self.world_size):
             tail = view.tails.get(in_save(view.save, name))
             if tail is not None:
-                states.append(FileTail(tail.size, tail.data))
+                states.append(FileTail(tail.size, tail.data, tail.span))
             elif sizes.get(name, 0) > RNG_STATE_MAX_BYTES:
                 states.append(FileTail(sizes[name], b""))  # listed too large to be a rank's state: not read
             else:
