@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import select_saves, step_of, zip_reason
 from ckpt.domain.rules.model import Item, Kind, Needs, Save, SaveView, in_save
 
@@ -147,6 +148,11 @@ class DeepSpeedRule:
     world_size: int | None = None
     name: str = "deepspeed"
     pattern: str = "global_step<step>"
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): ``global_step`` at the largest step."""
+        return longest_name("global_step{step}")
 
     def saves(self, items: Sequence[Item]) -> list[Save]:
         """``global_step<N>`` folders, in step order."""

@@ -23,6 +23,7 @@ from ckpt.domain.frameworks import (
     save_step,
 )
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import select_saves
 from ckpt.domain.rules.model import Item, Kind, Needs, Save, SaveView, in_save
 from ckpt.domain.saves import MAX_READ_BYTES
@@ -44,6 +45,11 @@ class HfRule:
     world_size: int | None = None
     name: str = "hf"
     pattern: str = "checkpoint-<step>"
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): ``checkpoint-`` at the largest step."""
+        return longest_name("checkpoint-{step}")
 
     def saves(self, items: Sequence[Item]) -> list[Save]:
         """``checkpoint-<N>`` folders, in step order."""

@@ -144,7 +144,13 @@ def in_save(save: Save, path: str) -> str:
 
 
 class Rule(Protocol):
-    """A framework rule: which names are saves, what to read of one, and whether it is complete."""
+    """A framework rule: which names are saves, what to read of one, and whether it is complete.
+
+    A rule may also have ``longest_name`` (a property, a str): its save name at the largest step, which
+    every entry point checks fits in an entry name at start-up (``ckpt.domain.room``). Every built-in and
+    configured rule has one; it is not a member of this protocol, so that a plugin without one still is a
+    rule (held to the one-byte name ``x``).
+    """
 
     @property
     def name(self) -> str:
