@@ -41,6 +41,15 @@ def write_deepspeed(root: Path, step: int, *, ranks: int = 2, latest: bool = Tru
         (saves(root) / "latest").write_text(f"global_step{step}")
 
 
+def write_zero0(root: Path, step: int, *, mp_ranks: int) -> None:
+    """A ZeRO-0 tag whose first ``mp_ranks`` tensor-parallel ranks wrote their file; ``latest`` names it."""
+    tag = saves(root) / f"global_step{step}"
+    tag.mkdir()
+    for rank in range(mp_ranks):
+        (tag / f"mp_rank_{rank:02d}_model_states.pt").write_bytes(zip_bytes(100))
+    (saves(root) / "latest").write_text(f"global_step{step}")
+
+
 def published_steps(out: str) -> list[int]:
     return [e["step"] for e in json.loads(out)["published"]]
 
@@ -58,6 +67,41 @@ class TestBuiltinRules:
         four = ckpt(root, "resolve", "--framework", "deepspeed", "--world-size", "4")
         assert four.returncode == 3
         assert "2 optimizer shard(s) for a world size of 4" in four.stderr
+
+    def test_deepspeed_world_size_counts_every_model_parallel_rank(self, root: Path) -> None:
+        """deepspeed, ZeRO 0, tp=2: with --world-size 2 a tag without mp_rank_01 is not published, and
+        resolve skips it when published anyway (watcher.md §2.7; issue 20)."""
+        write_zero0(root, 10, mp_ranks=2)
+        write_zero0(root, 20, mp_ranks=1)
+        watched = ckpt(root, "--json", "watch", "--framework", "deepspeed", "--world-size", "2", "--once")
+        assert watched.returncode == 0, watched.stderr
+        assert published_steps(watched.stdout) == [10]
+
+        # Published as a watcher without the world size would have (the names alone cannot tell dp = 2).
+        tag = saves(root) / "global_step20"
+        assert ckpt(root, "publish", "--step", "20", str(tag)).returncode == 0
+        resolved = ckpt(root, "resolve", "--framework", "deepspeed", "--world-size", "2")
+        assert (resolved.returncode, resolved.stdout.strip()) == (0, str(saves(root) / "global_step10"))
+        reason = "1 mp_rank_XX_model_states.pt and no ZeRO shards for a world size of 2"
+        assert f"ckpt: skipped {tag}: {reason}" in resolved.stderr
+
+        (tag / "mp_rank_01_model_states.pt").write_bytes(zip_bytes(100))
+        resolved = ckpt(root, "resolve", "--framework", "deepspeed", "--world-size", "2")
+        assert (resolved.returncode, resolved.stdout.strip(), resolved.stderr) == (0, str(tag), "")
+
+    def test_deepspeed_watch_waits_for_the_last_model_parallel_rank(self, root: Path) -> None:
+        """deepspeed, ZeRO 0, tp=2, --world-size 2: watch publishes the tag only once mp_rank_01 is whole."""
+        write_zero0(root, 10, mp_ranks=1)
+        watch = ("--json", "watch", "--framework", "deepspeed", "--world-size", "2", "--once")
+        first = ckpt(root, *watch)
+        assert (first.returncode, published_steps(first.stdout)) == (0, []), first.stderr
+        late = saves(root) / "global_step10" / "mp_rank_01_model_states.pt"
+        late.write_bytes(zip_bytes(100)[:-1])
+        cut = ckpt(root, *watch)
+        assert (cut.returncode, published_steps(cut.stdout)) == (0, []), cut.stderr
+        late.write_bytes(zip_bytes(100))
+        whole = ckpt(root, *watch)
+        assert (whole.returncode, published_steps(whole.stdout)) == (0, [10]), whole.stderr
 
     def test_an_unknown_framework_lists_the_names(self, root: Path) -> None:
         """An unknown --framework exits 2 naming every built-in rule."""

@@ -8,8 +8,11 @@ not, a phrase the reason contains). They are gathered and judged here exactly as
 
 from __future__ import annotations
 
+import io
+import zipfile
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,6 +23,7 @@ from ckpt.domain.rules import (
     BUILTIN,
     Item,
     Kind,
+    Tail,
     builtin_rule,
     is_complete_zip,
     parse_custom_rules,
@@ -27,16 +31,20 @@ from ckpt.domain.rules import (
 )
 from ckpt.domain.rules.custom import CustomRule
 from ckpt.domain.rules.settle import Look, Settled, settle_verdict
-from ckpt.domain.rules.zipend import TAIL_BYTES
+from ckpt.domain.rules.zipend import TAIL_BYTES, zip_problem
+from ckpt.domain.zip_end import Span, zip_second_read
 from support.rule_layouts import (
     RULE_FILES,
     VECTORS,
     LayoutReader,
     content,
+    inner_zip_cut,
     load_vectors,
+    torch_zip,
     vector_cases,
     vector_rule,
     verdict,
+    zeroed_zip,
     zip_bytes,
 )
 
@@ -71,35 +79,144 @@ class TestVectors:
         assert {p.stem for p in VECTORS.glob("*.json")} == {*BUILTIN, "custom"} - {"hf"}
 
 
+def read_as_the_watcher(data: bytes) -> tuple[str | None, int]:
+    """Judge ``data`` as ``ckpt.inspection`` reads a file: its tail, then the second read when asked for.
+
+    Returns the reason (``None``: complete) and how many reads it took.
+    """
+    tail = Tail(len(data), data[-TAIL_BYTES:])
+    where = zip_second_read(tail.size, tail.data)
+    if where is None:
+        return zip_problem(tail), 1
+    offset, length = where
+    return zip_problem(attrs.evolve(tail, span=Span(offset, data[offset : offset + length]))), 2
+
+
+def torch_save_bytes(state: object) -> bytes:
+    """What ``torch.save`` writes for ``state`` (torch's own zip writer, miniz)."""
+    torch = pytest.importorskip("torch")
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
 class TestZipEnd:
+    """spec/watcher.md §2.4: the end record ends the file, and the directory it describes agrees with it."""
+
     @pytest.mark.parametrize("comment", [b"", b"x", b"PK\x05\x06" + bytes(18), bytes(0xFFFF)])
     def test_complete_zips(self, comment: bytes) -> None:
         """A zip written by the standard library ends with its end record, whatever its comment."""
         assert is_complete_zip(zip_bytes(100, comment))
 
-    def test_every_cut_is_incomplete(self) -> None:
-        """A zip cut at any byte before its end is not complete."""
-        whole = zip_bytes(40, b"note")
-        assert [n for n in range(len(whole)) if is_complete_zip(whole[:n])] == []
+    @pytest.mark.parametrize("zip64", ["plain", "saturated", "none"])
+    def test_torch_like_zips_are_real_and_complete(self, zip64: str) -> None:
+        """The torch-like zips of the vectors are zips the standard library reads back, and complete."""
+        data = torch_zip(5, zip64=zip64)
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            assert archive.testzip() is None
+            assert len(archive.namelist()) == 9
+        assert read_as_the_watcher(data) == (None, 1)
 
-    def test_tail_is_enough(self) -> None:
-        """The check needs only the last TAIL_BYTES bytes, even with the longest comment."""
-        whole = zip_bytes(200_000, bytes(0xFFFF))
-        assert is_complete_zip(whole[-TAIL_BYTES:])
-        assert not is_complete_zip(whole[-TAIL_BYTES:-1])
+    @pytest.mark.parametrize("data", [zip_bytes(40, b"note"), torch_zip(3), torch_zip(3, zip64="saturated")])
+    def test_every_cut_is_incomplete(self, data: bytes) -> None:
+        """A zip cut at any byte before its end is not complete (ZIP64 end records too)."""
+        assert [n for n in range(len(data)) if is_complete_zip(data[:n])] == []
 
-    def test_zip64_tail(self) -> None:
-        """A zip64 archive's tail (zip64 record, locator, then the classic record, saturated) is complete."""
-        zip64_record = b"PK\x06\x06" + (44).to_bytes(8, "little") + bytes(44)
-        locator = b"PK\x06\x07" + bytes(16)
-        classic = b"PK\x05\x06" + b"\xff" * 16 + bytes(2)
-        assert is_complete_zip(b"data" + zip64_record + locator + classic)
-        assert not is_complete_zip(b"data" + zip64_record + locator)
+    def test_the_tail_holds_the_longest_comment(self) -> None:
+        """The first read holds the end record with the longest comment, and a small directory before it."""
+        data = zip_bytes(200_000, bytes(0xFFFF))
+        assert read_as_the_watcher(data) == (None, 1)
+        assert read_as_the_watcher(data[:-1])[0] is not None
 
-    @given(st.binary(max_size=200))
-    def test_arbitrary_bytes_never_raise(self, data: bytes) -> None:
-        """Any bytes at all give an answer, never an exception."""
-        assert is_complete_zip(data) in (True, False)
+    def test_a_large_directory_costs_one_more_read_at_its_start(self) -> None:
+        """A directory larger than the tail read: the second read is its first 4 bytes, where zipfile finds
+        it."""
+        data = torch_zip(1200)
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            start = archive.start_dir
+        assert zip_second_read(len(data), data[-TAIL_BYTES:]) == (start, 4)
+        assert read_as_the_watcher(data) == (None, 2)
+        tail = Tail(len(data), data[-TAIL_BYTES:])
+        assert zip_problem(tail) == f"its central directory (offset {start}) was not read"
+        small = torch_zip(3)
+        assert zip_second_read(len(small), small[-TAIL_BYTES:]) is None
+
+    def test_cut_right_after_an_inner_zip(self) -> None:
+        """A file cut right after a zip stored inside it ends with that zip's end record, which does not
+        count: the inner offsets count from the inner zip's start, not from the file's."""
+        data = inner_zip_cut(50)
+        assert data.endswith(zip_bytes(50))
+        reason, _ = read_as_the_watcher(data)
+        assert reason is not None
+        assert "does not end where its end record begins" in reason
+
+    @pytest.mark.parametrize("tensors", [3, 1200])
+    def test_tail_written_before_the_middle(self, tensors: int) -> None:
+        """End records written before the middle (zeros there): no directory header where they point."""
+        reason, reads = read_as_the_watcher(zeroed_zip(tensors, "end"))
+        assert reason is not None
+        assert reason.startswith("no central directory header at offset ")
+        assert reads == (2 if tensors == 1200 else 1)
+
+    def test_what_the_check_cannot_prove(self) -> None:
+        """Member data never written, directory and end records written: it passes (watcher.md §2.4 says
+        so)."""
+        data = zeroed_zip(3, "directory")
+        assert data.startswith(bytes(300))
+        assert read_as_the_watcher(data) == (None, 1)
+
+    def test_bytes_before_the_zip_are_not_a_complete_zip(self) -> None:
+        """Bytes prepended to a whole zip shift every offset: not what torch.save writes, not complete."""
+        assert not is_complete_zip(b"#!/bin/sh\n" + zip_bytes(10))
+
+    def test_zip64_records_must_agree(self) -> None:
+        """A ZIP64 locator pointing elsewhere, a ZIP64 record that does not reach the locator, an end record
+        whose value differs from the ZIP64 record's, and saturated fields without ZIP64 records all fail."""
+        data = torch_zip(3)
+        locator = data.rindex(b"PK\x06\x07")
+        record = data.rindex(b"PK\x06\x06")
+        end = len(data) - 22
+
+        def patched(at: int, value: bytes) -> bytes:
+            return data[:at] + value + data[at + len(value) :]
+
+        elsewhere = patched(locator + 8, (record - 1).to_bytes(8, "little"))
+        short = patched(record + 4, (43).to_bytes(8, "little"))
+        disagreeing = patched(end + 10, (4).to_bytes(2, "little"))
+        saturated_classic = patched(end + 16, b"\xff" * 4)
+        saturated_classic = saturated_classic[:locator] + bytes(20) + saturated_classic[locator + 20 :]
+        reasons = [zip_problem(Tail(len(d), d)) for d in (elsewhere, short, disagreeing, saturated_classic)]
+        assert reasons == [
+            f"no ZIP64 end record where its locator points (offset {record - 1})",
+            "its ZIP64 end record does not end where its locator begins",
+            "its end record and its ZIP64 end record disagree",
+            "its end record points to ZIP64 records that are not before it",
+        ]
+
+    def test_real_torch_save(self) -> None:
+        """What torch.save writes (ZIP64 records, then the end record) is complete; cut anywhere from its
+        central directory on, it is not."""
+        data = torch_save_bytes({"weight": list(range(8)), "inner": zip_bytes(50)})
+        assert data.rindex(b"PK\x06\x06") < data.rindex(b"PK\x06\x07") < data.rindex(b"PK\x05\x06")
+        assert read_as_the_watcher(data) == (None, 1)
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            start = archive.start_dir
+        assert [n for n in range(start, len(data)) if is_complete_zip(data[:n])] == []
+
+    @given(st.binary(max_size=200), st.integers(min_value=0, max_value=1000), st.binary(max_size=8))
+    def test_arbitrary_bytes_never_raise(self, data: bytes, extra: int, span: bytes) -> None:
+        """Any bytes at all, any size and any second read give an answer, never an exception."""
+        size = len(data) + extra
+        assert zip_second_read(size, data) is None or zip_second_read(size, data)[1] == 4  # type: ignore[index]
+        problem = zip_problem(Tail(size, data, Span(extra // 2, span)))
+        assert problem is None or isinstance(problem, str)
+
+    @given(st.integers(min_value=0, max_value=200))
+    def test_end_records_alone_with_a_size_do_not_pass(self, before: int) -> None:
+        """An empty zip's end record passes only as the whole file: bytes before it make the offsets
+        disagree."""
+        record = b"PK\x05\x06" + bytes(18)
+        assert (zip_problem(Tail(before + 22, record)) is None) is (before == 0)
 
     def test_signature_inside_comment_is_not_the_record(self) -> None:
         """A signature whose comment length does not reach the end exactly does not count."""

@@ -32,6 +32,7 @@ from ckpt.domain.frameworks import (
 from ckpt.domain.ports import FileInfo
 from ckpt.domain.rules import builtin_rule
 from ckpt.domain.rules.settle import Look, settle_verdict
+from ckpt.domain.zip_end import Span, zip_second_read
 from ckpt.testing import InMemoryStore
 
 HF, DCP = Framework.HF, Framework.DCP
@@ -108,9 +109,12 @@ class TestZipTail:
         ids=["plain", "comment", "zip64"],
     )
     def test_complete_zips_pass_whole_or_by_their_tail(self, data: bytes) -> None:
-        """A complete zip passes, read whole or only its last bytes (with its size)."""
+        """A complete zip passes, read whole or only its last bytes (with its size, and the directory's first
+        bytes when it starts before them: the second read)."""
         assert zip_tail_problem(whole(data)) is None
-        assert zip_tail_problem(FileTail(len(data), data[-100:])) is None
+        where = zip_second_read(len(data), data[-100:])
+        span = None if where is None else Span(where[0], data[where[0] : where[0] + where[1]])
+        assert zip_tail_problem(FileTail(len(data), data[-100:], span)) is None
 
     @pytest.mark.parametrize("data", [RNG, zip_bytes(zip64=True)], ids=["plain", "zip64"])
     def test_every_cut_short_prefix_fails(self, data: bytes) -> None:

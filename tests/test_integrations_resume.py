@@ -65,6 +65,20 @@ class TestPlanCatchUp:
         assert plan.targets == (CatchUpTarget("a", 10), CatchUpTarget("b", 20), CatchUpTarget("c", 30))
         assert plan.passed == ()
 
+    def test_a_folder_too_long_for_the_longest_save_name_is_passed_over(self) -> None:
+        """Rule 6: a folder an older release left, whose saves could never be published, is no target
+        (publishing them would fail and end every later catch-up); the boundary folder still is one."""
+        long, boundary = "a" * 97, "b" * 96  # exec/<97>/checkpoint-<20 digits> is 134 bytes; <96> is 133
+        plan = plan_catch_up(
+            "c", 30, {long: 10, boundary: 10, "c": 30}, [], longest_name="checkpoint-18446744073709551615"
+        )
+        assert plan.targets == (CatchUpTarget(boundary, 10), CatchUpTarget("c", 30))
+        ((passed_attempt, reason),) = [(p.attempt, p.reason) for p in plan.passed]
+        assert passed_attempt == long
+        assert reason.startswith("too long for its saves' longest name: the save 'exec/aaa")
+        assert "is 134 bytes" in reason
+        assert plan_catch_up("c", 30, {long: 10}, []).targets[0] == CatchUpTarget(long, 10)  # only "x" there
+
     def test_current_execution_is_a_target_without_a_record(self) -> None:
         """The current execution's folder is looked at even before it records anything."""
         assert plan_catch_up("c", 30, {}, []).targets == (CatchUpTarget("c", 30),)
@@ -303,6 +317,44 @@ class TestResumeCommand:
         assert document["skipped"] == []
         empty = ckpt("--json", "resume", "--framework", "dcp", "--no-catch-up", env=env)
         assert json.loads(empty.stdout)["location"] is None
+
+    @pytest.mark.parametrize("extra", [[], ["--no-catch-up"]])
+    def test_an_attempt_too_long_for_the_rules_saves_exits_2_at_once(
+        self, tmp_path: Path, extra: list[str]
+    ) -> None:
+        """Refused before the epoch record, naming the attempt, the longest save name and the limit: the
+        execution could publish none of the saves it is about to make (spec/names.md §4.5)."""
+        attempt = "a" * 97
+        result = ckpt("resume", "--framework", "hf", *extra, env=self.env(tmp_path, attempt, 7))
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        assert result.stderr.startswith(f"ckpt: attempt '{attempt}' is too long for hf saves"), result.stderr
+        assert "'checkpoint-18446744073709551615'" in result.stderr
+        assert "at most 133 bytes" in result.stderr
+        assert not (tmp_path / "exec").exists()
+        assert not (tmp_path / "pub").exists()
+        dcp = ckpt("resume", "--framework", "dcp", *extra, env=self.env(tmp_path, "a" * 103, 7))
+        assert dcp.returncode == 2, dcp.stderr
+        assert "'step-18446744073709551615'" in dcp.stderr
+        fits = ckpt("resume", "--framework", "dcp", *extra, env=self.env(tmp_path, "a" * 102, 7))
+        assert fits.returncode == 0, fits.stderr
+
+    def test_a_leftover_folder_too_long_for_its_saves_no_longer_fails_resume(self, tmp_path: Path) -> None:
+        """A folder an older release let in (epoch record and a complete save, exec/<120>/x fits but its
+        checkpoint-500 does not) is passed over with its reason; the newer execution resumes, exit 0."""
+        long = "a" * 120
+        (tmp_path / "exec" / long).mkdir(parents=True)
+        (tmp_path / "exec" / long / EPOCH_RECORD).write_bytes(b"10\n")
+        write_hf_save(tmp_path, long, 500)
+        older = write_hf_save(tmp_path, "b", 400)
+        (tmp_path / "exec" / "b" / EPOCH_RECORD).write_bytes(b"10\n")
+        env = self.env(tmp_path, "c", 20)
+        result = ckpt("--json", "resume", "--framework", "hf", "--settle", "0", env=env)
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        assert document["location"] == str(older)
+        ((passed,),) = [[p for p in document["passed"] if p["attempt"] == long]]
+        assert f"'exec/{long}/checkpoint-18446744073709551615' is 157 bytes" in passed["reason"]
+        assert "at most 133 bytes" in passed["reason"]
 
     def test_no_catch_up_publishes_nothing(self, tmp_path: Path) -> None:
         """--no-catch-up is a verified resolve: a never-published save stays unpublished."""

@@ -310,41 +310,62 @@ class TestArguments:
         assert message in result.stderr
         assert "Traceback" not in result.stderr
 
-    # exec/<attempt>/x must fit in the 133 bytes an entry name carries: an attempt of 126 bytes leaves room.
+    # exec/<attempt>/checkpoint-18446744073709551615, the longest hf save, must fit in the 133 bytes an entry
+    # name carries: an attempt of 96 bytes leaves room, one of 97 does not (spec/names.md §4.5).
     @pytest.mark.parametrize(
         ("args", "shown"),
         [
-            (["--attempt", "a" * 127], "attempt 'aaaa"),
-            (["--attempt", "\u00e9" * 64], "attempt '\u00e9\u00e9"),  # 128 bytes in 64 characters
-            (["--saves", "exec/" + "s" * 127], "--saves 'exec/ssss"),
-            (["--saves", "/ROOT/exec/" + "s" * 127], "--saves '/ROOT/exec/ssss"),
+            (["--attempt", "a" * 97], "attempt 'aaaa"),
+            (["--attempt", "a" * 120], "attempt 'aaaa"),  # exec/<attempt>/x fits: the old check let it in
+            (["--attempt", "\u00e9" * 49], "attempt '\u00e9\u00e9"),  # 98 bytes in 49 characters
+            (["--saves", "exec/" + "s" * 97], "--saves 'exec/ssss"),
+            (["--saves", "/ROOT/exec/" + "s" * 97], "--saves '/ROOT/exec/ssss"),
         ],
     )
-    def test_a_folder_whose_saves_could_never_be_published_exits_2_at_start_up(
+    def test_a_folder_too_long_for_the_rules_longest_save_exits_2_at_start_up(
         self, root: Path, args: list[str], shown: str
     ) -> None:
-        """Refused before anything is written, naming the folder, not at the first complete save."""
+        """Refused before anything is written, naming the folder, the longest save name and the limit, even
+        with a complete save already there: not at its publication."""
         args = [arg.replace("/ROOT", str(root)) for arg in args]
-        result = ckpt(root, "watch", "--framework", "hf", "--once", *args)
+        for attempt in ("a" * 120, "s" * 97):  # a complete save the watch would otherwise try to publish
+            folder = root / "exec" / attempt / "checkpoint-500"
+            folder.mkdir(parents=True)
+            (folder / "trainer_state.json").write_bytes(STATE)
+        result = ckpt(root, "watch", "--framework", "hf", "--once", "--settle", "0", *args)
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1, result.stderr
-        assert shown.replace("/ROOT", str(root)) in result.stderr
-        assert "leaves no room for a save" in result.stderr
-        assert "at most 133" in result.stderr
-        assert not (root / "exec").exists()  # no epoch record either
+        assert result.stderr.startswith("ckpt: " + shown.replace("/ROOT", str(root))), result.stderr
+        assert "is too long for hf saves" in result.stderr
+        assert "'checkpoint-18446744073709551615'" in result.stderr
+        assert "at most 133 bytes" in result.stderr
+        assert pub_names(root) == []
+        assert sorted(p.name for p in (root / "exec").iterdir()) == ["a" * 120, "s" * 97]
+        assert not any((root / "exec").glob(f"*/{EPOCH_RECORD}"))  # no epoch record either
 
-    def test_an_attempt_with_room_starts_and_its_saves_publish(self, root: Path) -> None:
-        """The boundary: exec/<126 bytes>/x is 133 bytes, so the watch starts; with 115 bytes,
-        exec/<attempt>/checkpoint-1 is 133 bytes and is published."""
-        result = ckpt(root, "watch", "--framework", "hf", "--once", "--attempt", "a" * 126)
-        assert result.returncode == 0, result.stderr
-        attempt = "b" * 115
-        folder = root / "exec" / attempt / "checkpoint-1"
+    def test_the_rules_own_longest_name_decides(self, root: Path) -> None:
+        """The same attempt is refused for deepspeed (global_step<20 digits>) and accepted for orbax (the
+        20 digits alone): each rule is held to its own longest save name."""
+        attempt = "a" * 100  # exec/<100>/ is 106 bytes: 27 left
+        refused = ckpt(root, "watch", "--framework", "deepspeed", "--once", "--attempt", attempt)
+        assert refused.returncode == 2, refused.stderr
+        assert "'global_step18446744073709551615'" in refused.stderr
+        assert "is 137 bytes" in refused.stderr
+        accepted = ckpt(root, "watch", "--framework", "orbax", "--once", "--attempt", attempt)
+        assert accepted.returncode == 0, accepted.stderr
+
+    def test_an_attempt_with_room_starts_and_its_longest_save_publishes(self, root: Path) -> None:
+        """The boundary: exec/<96 bytes>/checkpoint-18446744073709551615 is exactly 133 bytes, so the watch
+        starts and publishes that save."""
+        attempt = "b" * 96
+        folder = root / "exec" / attempt / "checkpoint-18446744073709551615"
         folder.mkdir(parents=True)
         (folder / "trainer_state.json").write_bytes(STATE)
         result = ckpt(root, "watch", "--framework", "hf", "--once", "--attempt", attempt, "--settle", "0")
         assert result.returncode == 0, result.stderr
-        assert [e.save for e in PosixStore(str(root)).entries()] == [f"exec/{attempt}/checkpoint-1"]
+        assert [e.save for e in PosixStore(str(root)).entries()] == [
+            f"exec/{attempt}/checkpoint-18446744073709551615"
+        ]
 
     def test_fractions_are_allowed(self, root: Path) -> None:
         """Seconds may be fractions, such as 0.05 or .5."""

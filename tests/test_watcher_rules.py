@@ -6,9 +6,12 @@ The saves are the framework sequences of ``tests/support/trainer/frameworks.py``
 
 from __future__ import annotations
 
+import io
 import logging
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import unquote
 
 import pytest
 
@@ -16,9 +19,9 @@ from ckpt.adapters.posix import PosixStore
 from ckpt.adapters.s3 import S3Store
 from ckpt.application.verify import resolve_verified
 from ckpt.application.watcher import Watcher
-from ckpt.domain.rules import BUILTIN, parse_custom_rules
+from ckpt.domain.rules import BUILTIN, TAIL_BYTES, parse_custom_rules
 from ckpt.rulebook import find_rule
-from support.rule_layouts import zip_bytes
+from support.rule_layouts import inner_zip_cut, torch_zip, zeroed_zip, zip_bytes
 from support.s3 import RequestLog, new_bucket_name, raw_client
 from support.trainer.frameworks import SEQUENCES, Sequence, apply_to_folder, states
 
@@ -173,3 +176,74 @@ class TestOnS3:
         assert verified.entry is not None
         assert verified.entry.save.endswith("epoch=0-step=4.ckpt")
         assert resolve_verified(store, find_rule("deepspeed", world_size=1)).entry is not None
+
+
+class TestZipEndThroughTheWatcher:
+    """spec/watcher.md §2.4 through the watcher and verified resolve: a Lightning file cut right after a zip
+    stored inside it, or whose end was written before its middle, is never published nor resolved; a
+    torch-like one whose directory starts before the tail read is, on POSIX and on S3."""
+
+    SAVES: ClassVar[dict[str, bytes]] = {
+        "epoch=0-step=1.ckpt": torch_zip(1200),  # complete; its directory starts before the tail read
+        "epoch=0-step=2.ckpt": torch_zip(3, zip64="saturated"),  # complete
+        "epoch=0-step=3.ckpt": inner_zip_cut(50),  # cut right after an inner zip
+        "epoch=0-step=4.ckpt": zeroed_zip(1200, "end"),  # its end written before its middle
+    }
+
+    def _scan(self, store: PosixStore | S3Store, saves: str) -> None:
+        watcher = Watcher(store, find_rule("lightning"), saves, EPOCH, 1.0, settle=0)
+        published = sorted(e.save.rpartition("/")[2] for e in watcher.scan())
+        assert published == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt"]
+
+    def _resolve(self, store: PosixStore | S3Store, saves: str) -> None:
+        # Published by hand (as a trainer's own publish would be), the two incomplete ones are passed over.
+        for step in (3, 4):
+            store.publish(EPOCH, step, f"{saves}/epoch=0-step={step}.ckpt")
+        verified = resolve_verified(store, find_rule("lightning"))
+        assert verified.entry is not None
+        assert verified.entry.save.endswith("epoch=0-step=2.ckpt")
+        reasons = [reason for _, reason in verified.skipped]
+        assert len(reasons) == 2
+        assert "no central directory header" in reasons[0]  # step 4
+        assert "does not end where its end record begins" in reasons[1]  # step 3
+
+    def test_on_posix(self, store: PosixStore) -> None:
+        """On real files: the two complete saves are published, the two others neither published nor
+        resolved."""
+        base = Path(store.exec_dir(ATTEMPT))
+        base.mkdir(parents=True)
+        for name, data in self.SAVES.items():
+            (base / name).write_bytes(data)
+        self._scan(store, str(base))
+        self._resolve(store, str(base))
+
+    def test_on_s3_with_request_counts(self, moto_server: str) -> None:
+        """On S3 (moto's server): the same verdicts; judging a file costs one ranged GetObject of its tail,
+        and one more of 4 bytes at its directory only when the directory starts before the tail."""
+        arrange = raw_client(moto_server)
+        bucket = new_bucket_name()
+        arrange.create_bucket(Bucket=bucket)
+        client = raw_client(moto_server)
+        store = S3Store(f"s3://{bucket}/team", client)
+        saves = store.exec_dir(ATTEMPT)
+        prefix = saves[len(f"s3://{bucket}/") :]
+        for name, data in self.SAVES.items():
+            arrange.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=data)
+        ranges: dict[str, list[str]] = {}
+
+        def record(request: Any, **_: Any) -> None:
+            name = unquote(request.url.rpartition("/")[2])
+            ranges.setdefault(name, []).append(request.headers["Range"].decode())
+
+        client.meta.events.register_first("before-send.s3.GetObject", record)
+        self._scan(store, saves)
+        with zipfile.ZipFile(io.BytesIO(self.SAVES["epoch=0-step=1.ckpt"])) as archive:
+            start = archive.start_dir
+        tail = f"bytes=-{TAIL_BYTES}"
+        assert ranges == {
+            "epoch=0-step=1.ckpt": [tail, f"bytes={start}-{start + 3}"],
+            "epoch=0-step=2.ckpt": [tail],
+            "epoch=0-step=3.ckpt": [tail],
+            "epoch=0-step=4.ckpt": [tail, f"bytes={start}-{start + 3}"],
+        }
+        self._resolve(store, saves)

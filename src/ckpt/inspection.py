@@ -14,7 +14,9 @@ Rules:
    a file too large to read whole by its two ends.
 3. Tails are read at most ``TAIL_BYTES`` from the end (a ranged read on S3, ``pread`` on POSIX). When the
    reader can run reads side by side (``map_concurrently``), the tails go through it (S3 bounds the
-   concurrency), else one after the other.
+   concurrency), else one after the other. A tail the rule asked for that ends as a zip whose central
+   directory starts before it gets one more read, of 4 bytes there (``zip_end.zip_second_read``, spec/
+   watcher.md §2.4), the same way: at most two reads a file.
 4. A save the rule finds complete must hold something (``ckpt.domain.rules.presence``, spec/watcher.md
    §2.6): when what the rule read does not show it, the folder is listed (or the file's first byte read)
    once more. :func:`judge` and :func:`judge_for_watch` both apply it, so verified resolve, the watcher and
@@ -25,7 +27,7 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
@@ -34,6 +36,7 @@ from ckpt.domain.rules import TAIL_BYTES, Item, Kind, Rule, Save, SaveView, Tail
 from ckpt.domain.rules.presence import absence_reason, shows_content
 from ckpt.domain.rules.settle import Look, Settled, settle_verdict
 from ckpt.domain.saves_reader import ReadsSaves, TreeReader
+from ckpt.domain.zip_end import Span, zip_second_read
 
 __all__ = ["StoreSaves", "TreeReader", "gather_view", "judge", "judge_for_watch", "saves_reader"]
 
@@ -60,7 +63,29 @@ def gather_view(rule: Rule, save: Save, items: Sequence[Item], reader: TreeReade
         reader, "map_concurrently", _serially
     )
     tails = dict(zip(tail_paths, mapper(lambda p: reader.tail(p, TAIL_BYTES), tail_paths), strict=True))
-    return SaveView(save, tuple(items), files, present, heads, tails)
+    return SaveView(save, tuple(items), files, present, heads, _with_second_reads(tails, needs.tails, reader))
+
+
+def _with_second_reads(
+    tails: dict[str, Tail | None], paths: Iterable[str], reader: TreeReader
+) -> dict[str, Tail | None]:
+    """``tails`` with the zip check's second read added where it asks for one (rule 3)."""
+    wanted = []
+    for path in paths:
+        tail = tails.get(path)
+        where = None if tail is None else zip_second_read(tail.size, tail.data)
+        if where is not None:
+            wanted.append((path, where))
+    if not wanted:
+        return tails
+    mapper: Callable[..., list[Any]] = getattr(reader, "map_concurrently", _serially)
+    read = mapper(lambda job: reader.read_range(job[0], *job[1]), wanted)
+    added = dict(tails)
+    for (path, (offset, _)), data in zip(wanted, read, strict=True):
+        tail = added[path]
+        if data is not None and tail is not None:
+            added[path] = attrs.evolve(tail, span=Span(offset, data))
+    return added
 
 
 def _judged(rule: Rule, save: Save, items: Sequence[Item], reader: TreeReader) -> tuple[SaveView, str | None]:
@@ -143,6 +168,10 @@ class StoreSaves:
     def tail(self, path: str, size: int) -> Tail | None:
         data = self._store.read_file(self._base, path)
         return None if data is None else Tail(len(data), data[-size:] if size else b"")
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes | None:
+        data = self._store.read_file(self._base, path)
+        return None if data is None else data[max(0, offset) : max(0, offset) + max(0, length)]
 
 
 def saves_reader(store: WatchStore, location: str) -> TreeReader:

@@ -12,6 +12,8 @@ Rules:
    keyword argument ``world_size`` (an int, or ``None`` when unknown). The rule's ``name`` must be the entry
    point's name. A plugin that fails to import, to build, or breaks these rules is ``InvalidError`` naming
    the plugin and its distribution, never a traceback.
+   A rule MAY also have ``longest_name``, its save name at the largest step (``ckpt.domain.room``, checked
+   at start-up by every entry point); without it the rule is held to the one-byte name ``x``.
 3. An unknown name is ``InvalidError`` listing every name that would have worked.
 4. Plugins are looked up only when a name is neither built in nor configured, so the common commands never
    scan the installed distributions.

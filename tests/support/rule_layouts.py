@@ -34,12 +34,77 @@ def zip_bytes(size: int, comment: bytes = b"") -> bytes:
     return buffer.getvalue()
 
 
+def torch_zip(tensors: int, *, zip64: str = "plain", inner: bytes | None = None) -> bytes:
+    """A zip laid out as ``torch.save`` writes one, built with the standard library's ``zipfile``.
+
+    Members, stored: ``archive/data.pkl``, ``archive/byteorder``, ``archive/data/<i>`` for each of
+    ``tensors`` tensors (64 deterministic bytes each; ``inner`` in place of tensor 0 when given),
+    ``archive/version``, ``archive/.data/serialization_id``. ``zip64``: ``"plain"`` ends it as torch (miniz)
+    does, with a ZIP64 end record and locator before an end record that holds the same values (each under
+    its limit); ``"saturated"`` as for an archive past 4 GiB, the end record's fields all ``0xFFFF`` /
+    ``0xFFFFFFFF``; ``"none"`` leaves zipfile's classic end.
+    """
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", bytes(range(64)))
+        archive.writestr("archive/byteorder", b"little")
+        for i in range(tensors):
+            data = inner if i == 0 and inner is not None else bytes((i + j) % 251 for j in range(64))
+            archive.writestr(f"archive/data/{i}", data)
+        archive.writestr("archive/version", b"3\n")
+        archive.writestr("archive/.data/serialization_id", b"0123456789")
+    data = buffer.getvalue()
+    return data if zip64 == "none" else with_zip64_end(data, saturated=zip64 == "saturated")
+
+
+def with_zip64_end(data: bytes, *, saturated: bool) -> bytes:
+    """``data`` (a zip with a classic end and no comment) ended with ZIP64 records instead, as miniz does."""
+    end = len(data) - 22
+    assert data[end : end + 4] == b"PK\x05\x06", "a classic end record without a comment"
+    entries = int.from_bytes(data[end + 10 : end + 12], "little")
+    size = int.from_bytes(data[end + 12 : end + 16], "little")
+    offset = int.from_bytes(data[end + 16 : end + 20], "little")
+
+    def le(value: int, size: int) -> bytes:
+        return value.to_bytes(size, "little")
+
+    record = b"PK\x06\x06" + le(44, 8) + le(45, 2) + le(45, 2) + le(0, 4) + le(0, 4)
+    record += le(entries, 8) + le(entries, 8) + le(size, 8) + le(offset, 8)
+    locator = b"PK\x06\x07" + le(0, 4) + le(end, 8) + le(1, 4)
+    if saturated:
+        entries, size, offset = 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF
+    classic = b"PK\x05\x06" + le(0, 2) + le(0, 2) + le(entries, 2) + le(entries, 2) + le(size, 4)
+    classic += le(offset, 4) + le(0, 2)
+    return data[:end] + record + locator + classic
+
+
+def inner_zip_cut(payload: int) -> bytes:
+    """A torch-like zip whose first tensor is itself a complete zip, cut right after that member's data."""
+    inner = zip_bytes(payload)
+    outer = torch_zip(3, inner=inner)
+    return outer[: outer.index(inner) + len(inner)]
+
+
+def zeroed_zip(tensors: int, keep: str) -> bytes:
+    """A torch-like zip whose middle was never written: zeros, all but the end records (``keep="end"``) or
+    all but the central directory and the end records (``keep="directory"``)."""
+    data = torch_zip(tensors)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        directory = archive.start_dir  # where the central directory begins
+    zip64_end = data.rindex(b"PK\x06\x06")
+    kept = directory if keep == "directory" else zip64_end
+    return bytes(kept) + data[kept:]
+
+
 def content(spec: Any) -> bytes | None:
     """The bytes a vector's file description stands for.
 
     ``{"text": s}`` UTF-8 text; ``{"json": v}`` v as JSON; ``{"zip": n}`` a complete zip of n payload bytes;
-    ``{"cut_zip": n}`` the same zip without its last byte; ``{"bytes": n}`` n zero bytes; ``{"hex": h}`` raw
-    bytes; ``null`` an empty folder.
+    ``{"cut_zip": n}`` the same zip without its last byte; ``{"torch_zip": {"tensors": n, "zip64": z}}``
+    a zip laid out as torch.save writes one (:func:`torch_zip`); ``{"inner_zip_cut": n}`` one cut right
+    after a zip stored inside it (:func:`inner_zip_cut`); ``{"zeroed_zip": {"tensors": n, "keep": k}}`` one
+    whose middle is zeros (:func:`zeroed_zip`); ``{"bytes": n}`` n zero bytes; ``{"hex": h}`` raw bytes;
+    ``null`` an empty folder.
     """
     if spec is None:
         return None
@@ -53,6 +118,12 @@ def content(spec: Any) -> bytes | None:
         return zip_bytes(int(value))
     if kind == "cut_zip":
         return zip_bytes(int(value))[:-1]
+    if kind == "torch_zip":
+        return torch_zip(int(value["tensors"]), zip64=str(value.get("zip64", "plain")))
+    if kind == "inner_zip_cut":
+        return inner_zip_cut(int(value))
+    if kind == "zeroed_zip":
+        return zeroed_zip(int(value["tensors"]), str(value["keep"]))
     if kind == "bytes":
         return bytes(int(value))
     if kind == "hex":
@@ -94,6 +165,10 @@ class LayoutReader:
     def tail(self, path: str, size: int) -> Tail | None:
         data = self._files.get(path)
         return None if data is None else Tail(len(data), data[-size:])
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes | None:
+        data = self._files.get(path)
+        return None if data is None else data[offset : offset + length]
 
 
 def verdict(rule: Rule, files: Mapping[str, bytes | None], name: str) -> tuple[bool, str | None]:

@@ -7,7 +7,7 @@ Rules:
    save, a marker or a shard. FIFOs and devices are not regular files either and are never read (opening
    is non-blocking and the type is checked on the open descriptor).
 2. A head reads at most ``limit`` bytes; a tail at most ``size`` bytes with ``pread`` at the end of the
-   file, so a 10 GiB shard costs one small read.
+   file, so a 10 GiB shard costs one small read; a range (the zip check's second read) one ``pread``.
 3. Missing things are answers, not errors: a missing location has no items, a missing folder no files, a
    missing file no head or tail; but when the root the location lies under is gone, listing the location
    is ``NotFoundError`` (the watcher must stop, not wait for saves that cannot come). Any other failure is
@@ -152,3 +152,17 @@ class PosixSaves:
         finally:
             os.close(fd)
         return Tail(total, data)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes | None:
+        """At most ``length`` bytes of the regular file ``path`` from ``offset`` (one ``pread``), or ``None``
+        (rule 2)."""
+        opened = self._open(path)
+        if opened is None:
+            return None
+        fd, _ = opened
+        try:
+            return os.pread(fd, max(0, length), max(0, offset))
+        except OSError as exc:
+            raise _error("read", self._path(path), exc) from exc
+        finally:
+            os.close(fd)

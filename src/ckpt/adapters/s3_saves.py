@@ -8,8 +8,9 @@ Rules:
    cut short without a continuation token is a ``StorageError`` naming the location, never the end of
    the listing (a marker on the missing pages must not look absent).
 2. A head is one ranged ``GetObject`` of ``bytes=0-<limit-1>``; a tail is one ranged ``GetObject`` of the
-   last bytes (``bytes=-<n>``), whose ``Content-Range`` gives the object's size. Nothing reads a whole
-   shard. An empty object answers a ranged read with ``InvalidRange``: it is an empty head or tail.
+   last bytes (``bytes=-<n>``), whose ``Content-Range`` gives the object's size; a range (the zip check's
+   second read, spec/watcher.md §2.4) is one ranged ``GetObject`` of ``bytes=<a>-<b>``. Nothing reads a
+   whole shard. An empty object answers a ranged read with ``InvalidRange``: it is an empty head or tail.
 3. Tails of many files are read side by side, at most ``concurrency`` at a time (``map_concurrently``).
 4. A missing object or prefix is an answer (``None``, ``False``, nothing listed); every other failure is
    translated at the boundary into ``StorageError`` and friends, as the S3 store does.
@@ -148,6 +149,13 @@ class S3Saves:
             return None if not self.is_file(path) else Tail(0, b"")
         got = self._ranged(path, f"bytes=-{size}")
         return None if got is None else Tail(got[1], got[0][-size:])
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes | None:
+        """At most ``length`` bytes of the object ``path`` from ``offset``: one ranged GET (rule 2)."""
+        if length <= 0:
+            return b"" if self.is_file(path) else None
+        got = self._ranged(path, f"bytes={max(0, offset)}-{max(0, offset) + length - 1}")
+        return None if got is None else got[0][:length]
 
     def map_concurrently(self, function: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
         """``function`` over ``items``, at most ``concurrency`` at a time, results in order (rule 3)."""

@@ -16,7 +16,8 @@ it does no I/O of its own, so it runs the same on every store:
    the target's epoch, as ``ckpt watch --once`` does: one scan, then at most the settle time for saves whose
    markers are complete to settle (the writer may be a zombie still writing). The watchers run side by side,
    so a catch-up takes at most one settle time however many folders it looks into.
-3. :func:`resume` then resolves, verified against the framework's rule.
+3. :func:`resume` then resolves, verified against the framework's rule. Before anything else it refuses an
+   attempt whose folder is too long for the rule's longest save name (``ckpt.domain.room``).
 4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Lightning, Accelerate):
    the caller says when a save is whole; there is no settle, so that must be a real completion check.
    Like the watcher, it never publishes a save a prune has begun removing (``ckpt.domain.removing``).
@@ -44,11 +45,12 @@ from ckpt.domain.catchup import (
     parse_epoch_record,
     plan_catch_up,
 )
-from ckpt.domain.entries import Entry, parse_step, validate_attempt
+from ckpt.domain.entries import Entry, exec_save_prefix, parse_step, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.ports import KnowsRemovals, SyncsSaves, WatchStore, WritesSmallFiles
 from ckpt.domain.removing import NEVER_REMOVING, Removing
+from ckpt.domain.room import longest_name, longest_save_name, require_rule_room
 from ckpt.domain.rules import Rule
 from ckpt.rulebook import as_rule
 
@@ -176,7 +178,9 @@ def catch_up(
     validate_attempt(attempt)
     rule = as_rule(framework, world_size)
     settle = rule.settle_time(DEFAULT_SETTLE, settle)
-    plan = plan_catch_up(attempt, epoch, _records(store, attempt), store.entries())
+    plan = plan_catch_up(
+        attempt, epoch, _records(store, attempt), store.entries(), longest_name=longest_save_name(rule)
+    )
     watchers = [
         Watcher(
             store,
@@ -223,7 +227,8 @@ def catch_up_folders(
     """
     validate_attempt(attempt)
     entries = store.entries()
-    plan = plan_catch_up(attempt, epoch, _records(store, attempt), entries)
+    longest = longest_name(f"{folder_prefix}{{step}}")
+    plan = plan_catch_up(attempt, epoch, _records(store, attempt), entries, longest_name=longest)
     published_locations = {store.location(entry).rstrip("/") for entry in entries}
     sync_save = store.sync_save if isinstance(store, SyncsSaves) else None
     created: list[Entry] = []
@@ -292,8 +297,12 @@ def resume(
 
     ``catch_up_first=False`` skips the catch-up (and the record) and is a plain verified resolve. The record,
     like every scan of the catch-up, is bounded by ``scan_timeout`` (``ScanTimeoutError``).
+
+    First of all, an attempt whose folder is too long for the rule's longest save name is ``InvalidError``
+    (``ckpt.domain.room``): this execution could publish none of the saves it is about to make.
     """
     rule = as_rule(framework, world_size)
+    require_rule_room(exec_save_prefix(attempt), rule, what=f"attempt {attempt!r}")
     caught: CaughtUp | None = None
     if catch_up_first:
         call_within(

@@ -28,7 +28,6 @@ from ckpt.domain.frameworks import (
     METADATA,
     RNG_STATE_MAX_BYTES,
     TRAINER_STATE,
-    ZIP_TAIL_BYTES,
     FileTail,
     Framework,
     Markers,
@@ -94,9 +93,10 @@ def read_rank_states(
     """Read the per-rank files ``names`` of the save at ``location``, in order, for the zip check.
 
     Which files are there, and how big, comes from ``files`` (a listing of the save) or else one
-    ``files`` call. A file is read only when listed at no more than ``RNG_STATE_MAX_BYTES``; only its last
-    ``ZIP_TAIL_BYTES`` are kept. Reading stops at the first file that is missing, too large or not a
-    complete zip, so a save with a dead rank costs at most one read per rank before it.
+    ``files`` call. A file is read only when listed at no more than ``RNG_STATE_MAX_BYTES``, and kept whole
+    (a few kilobytes), so the zip check (spec/watcher.md §2.4) needs no second read. Reading stops at the
+    first file that is missing, too large or not a complete zip, so a save with a dead rank costs at most
+    one read per rank before it.
     """
     sizes = {f.path: f.size for f in (store.files(location) if files is None else files)}
     states: list[FileTail | None] = []
@@ -109,7 +109,7 @@ def read_rank_states(
             states.append(FileTail(size, b""))
             break
         data = store.read_file(location, name)
-        state = None if data is None else FileTail(len(data), data[-ZIP_TAIL_BYTES:])
+        state = None if data is None else FileTail(len(data), data)
         states.append(state)
         if state is None or check_zip_tail(state) is not None:
             break

@@ -34,8 +34,9 @@ Rules:
    ``exec/<attempt>/.ckpt-epoch`` (spec/layout.md §8), so that a catch-up at the next start knows the epoch
    of an execution that died before it published anything, within the scan timeout. A record that cannot
    be written is a warning: publishing is the sidecar's job, the record only helps the catch-up.
-9. A saves folder whose shortest possible save (``<folder>/x``) is longer than an entry name can carry
-   (``MAX_SAVE_BYTES``, names.md) is an ``InvalidError`` at start-up: every save there would fail at its
+9. A saves folder too long for the rule's longest save name (``ckpt.domain.room``, spec/names.md §4.5:
+   ``<folder>/checkpoint-18446744073709551615`` for ``hf`` must fit in the 133 bytes of save path an entry
+   name carries) is an ``InvalidError`` at start-up, before the epoch record: its saves would fail at their
    first publication, hours later.
 """
 
@@ -55,14 +56,16 @@ from ckpt.config import MAX_SECONDS
 from ckpt.domain.entries import Entry, exec_save_prefix, parse_epoch, validate_save
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.frameworks import parse_world_size
-from ckpt.domain.names import MAX_SAVE_BYTES, format_entry_name
+from ckpt.domain.names import format_entry_name
 from ckpt.domain.ports import WatchStore
 from ckpt.domain.redaction import redact_url
+from ckpt.domain.room import require_rule_room
 from ckpt.stopping import stop_on_signals
 
 if TYPE_CHECKING:
     from ckpt.application.watcher import WatchObserver
     from ckpt.config import Config
+    from ckpt.domain.rules import Rule
     from ckpt.domain.rules.custom import CustomRule
 
 __all__ = ["register", "run"]
@@ -160,37 +163,31 @@ def parse_seconds(text: str, option: str, *, allow_zero: bool) -> float:
     return value
 
 
-def saves_location(store: WatchStore, args: argparse.Namespace, environ: Mapping[str, str]) -> str:
-    """The folder to watch: ``--saves`` (under the root), else ``exec_dir`` of the attempt (rules 1 and 9)."""
+def saves_location(
+    store: WatchStore, args: argparse.Namespace, environ: Mapping[str, str], rule: Rule
+) -> str:
+    """The folder to watch: ``--saves`` (under the root), else ``exec_dir`` of the attempt (rules 1 and 9).
+
+    ``rule``'s longest save name must fit inside it (rule 9).
+    """
     saves: str | None = getattr(args, "saves", None)
     if saves:
         if not (saves.startswith("/") or "://" in saves):
             folder = validate_save(saves.rstrip("/"))
-            _require_room(folder, f"--saves {saves!r}")
+            require_rule_room(folder, rule, what=f"--saves {saves!r}")
             return store.location(Entry(0, 0, folder))
         # Refuse a folder outside the root now, not at the first publication (which may be hours away).
         prefix = store.root.rstrip("/") + "/"
         shown = redact_url(saves, keep_user=False)
         if not saves.startswith(prefix):
             raise InvalidError(f"--saves {shown!r} is not under the root {store.root}")
-        _require_room(validate_save(saves[len(prefix) :].rstrip("/")), f"--saves {shown!r}")
+        require_rule_room(validate_save(saves[len(prefix) :].rstrip("/")), rule, what=f"--saves {shown!r}")
         return saves.rstrip("/")
     attempt = _attempt(args, environ)
     if attempt is None:
         raise InvalidError("nothing to watch: pass --attempt or --saves, or set DISPATCH_ATTEMPT")
-    _require_room(exec_save_prefix(attempt), f"attempt {attempt!r}")
+    require_rule_room(exec_save_prefix(attempt), rule, what=f"attempt {attempt!r}")
     return store.exec_dir(attempt)
-
-
-def _require_room(folder: str, what: str) -> None:
-    """Refuse at start-up a folder whose saves could never be published (rule 9): the shortest save inside
-    it, ``<folder>/x``, must fit in an entry name."""
-    shortest = len(folder.encode("utf-8")) + 2
-    if shortest > MAX_SAVE_BYTES:
-        raise InvalidError(
-            f"{what} leaves no room for a save: a save inside {folder!r} takes at least {shortest} bytes, "
-            f"and an entry name carries at most {MAX_SAVE_BYTES}"
-        )
 
 
 def _attempt(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
@@ -310,9 +307,9 @@ def run(
         else parse_seconds(args.scan_timeout, "--scan-timeout", allow_zero=False)
     )
     epoch = _epoch(args, env)
-    location = saves_location(store, args, env)
     world_size = _world_size(args, env)
     framework = find_rule(args.framework, world_size=world_size, configured=configured)
+    location = saves_location(store, args, env, framework)  # rule 9: before the epoch record
     endpoint = _metrics_endpoint(args)
     attempt = _attempt(args, env)
     if attempt is not None:

@@ -20,6 +20,10 @@ Rules:
 4. An execution with an epoch lower than the greatest published epoch is passed over: nothing it holds
    could rank above what is already published, so publishing it cannot change where a job resumes.
 5. Targets come back in ascending epoch, ties by attempt, so the result does not depend on listing order.
+6. A folder too long for the rule's longest save name (``ckpt.domain.room``) is passed over, whatever its
+   epoch: every entry point now refuses to start in such a folder, so only an older release (or a trainer
+   run without ``ckpt``) leaves one behind, and publishing its saves fails, which would end every later
+   catch-up with it.
 
 Why it is safe: a caught-up save is published at its own execution's epoch, which is at most the current
 epoch (rule 3), so once the current execution publishes anything, that wins; and an older epoch can never
@@ -37,6 +41,7 @@ import attrs
 
 from ckpt.domain.entries import EXEC_DIR_NAME, Entry, parse_epoch
 from ckpt.domain.errors import InvalidError, MalformedError
+from ckpt.domain.room import SHORTEST_NAME, room_problem
 
 __all__ = [
     "EPOCH_RECORD",
@@ -118,12 +123,18 @@ def _entry_epochs(entries: Iterable[Entry]) -> tuple[dict[str, int], int | None]
 
 
 def plan_catch_up(
-    attempt: str, epoch: int, records: Mapping[str, int | None], entries: Iterable[Entry]
+    attempt: str,
+    epoch: int,
+    records: Mapping[str, int | None],
+    entries: Iterable[Entry],
+    *,
+    longest_name: str = SHORTEST_NAME,
 ) -> CatchUpPlan:
-    """Decide which execution folders a catch-up looks into, at which epoch (rules 1-5).
+    """Decide which execution folders a catch-up looks into, at which epoch (rules 1-6).
 
     ``attempt`` and ``epoch`` are the current execution's; ``records`` maps every execution folder under
-    ``exec/`` to the epoch its record holds (``None``: no readable record); ``entries`` are those published.
+    ``exec/`` to the epoch its record holds (``None``: no readable record); ``entries`` are those published;
+    ``longest_name`` is the rule's longest save name (rule 6).
 
     >>> plan = plan_catch_up("c", 3, {"a": 1, "b": 2, "c": 3, "d": None}, [])
     >>> [(t.attempt, t.epoch) for t in plan.targets]
@@ -139,6 +150,10 @@ def plan_catch_up(
         known = [recorded] if recorded is not None else []
         if not known and name in from_entries:
             known = [from_entries[name]]
+        problem = room_problem(f"{EXEC_DIR_NAME}/{name}", longest_name)
+        if problem is not None:
+            passed.append(PassedExecution(name, f"too long for its saves' longest name: {problem}"))
+            continue
         if name == attempt:
             targets.append(CatchUpTarget(name, min([epoch, *known])))
             continue

@@ -46,6 +46,7 @@ import attrs
 from ckpt.domain.arguments import require_str
 from ckpt.domain.entries import parse_step
 from ckpt.domain.errors import InvalidError
+from ckpt.domain.zip_end import ZIP_TAIL_BYTES, Span, zip_end_problem
 
 __all__ = [
     "INCOMPLETE_SENTINEL",
@@ -78,10 +79,6 @@ METADATA = ".metadata"
 # Rule 3: a rank's RNG state is a few kilobytes (Python, NumPy, torch CPU and accelerator generators). A file
 # listed larger than this is not read whole; the bound keeps a strange file from costing a scan its memory.
 RNG_STATE_MAX_BYTES = 64 * 1024 * 1024
-# A zip's end-of-central-directory record is 22 bytes plus a comment of at most 65,535 bytes, so it lies
-# within this many bytes of the end.
-ZIP_TAIL_BYTES = 22 + 0xFFFF
-_EOCD = b"PK\x05\x06"
 
 
 class Framework(enum.Enum):
@@ -217,40 +214,28 @@ class Markers:
 class FileTail:
     """The end of one file as read: its size in bytes and its last bytes (the whole file when small).
 
-    ``tail`` is empty when the file was not read (larger than a reader's bound).
+    ``tail`` is empty when the file was not read (larger than a reader's bound). ``span`` is the zip check's
+    second read, when one was needed (``zip_end.zip_second_read``).
     """
 
     size: int
     tail: bytes
+    span: Span | None = None
 
 
 def zip_tail_problem(file: FileTail) -> str | None:
     """Return why ``file`` does not end as a complete zip does, or ``None`` when it does (rule 3).
 
-    A complete zip ends with its end-of-central-directory record: the signature ``PK\\x05\\x06`` at
-    ``size - 22 - c``, where ``c`` is the comment length the record holds 20 bytes in, so that the record
-    and its comment end exactly at the end of the file. ``torch.save`` writes that record last, so a file
-    cut short anywhere fails the check. The same test works on the last ``ZIP_TAIL_BYTES`` of a file.
+    The check is ``ckpt.domain.zip_end.zip_end_problem`` (spec/watcher.md §2.4): an end-of-central-directory
+    record ends the file exactly, and the central directory it describes (through the ZIP64 records when
+    there are some) lies inside the file, ends where those records begin and starts with a directory
+    header. It needs the last ``ZIP_TAIL_BYTES`` of the file, and ``file.span`` when the directory starts
+    before them (``zip_end.zip_second_read`` says where).
 
     >>> zip_tail_problem(FileTail(3, b"PK\\x03"))
     'no end-of-central-directory record at its end'
     """
-    data = file.tail
-    if len(data) > file.size:
-        return "its tail is longer than the file"
-    lowest = max(0, len(data) - ZIP_TAIL_BYTES)
-    limit = len(data) - 18  # the signature must start 22 bytes or more before the end
-    while (at := data.rfind(_EOCD, lowest, limit)) >= 0:
-        comment_length = _le(data, at + 20, 2)
-        if at + 22 + comment_length == len(data):
-            return None
-        limit = at + 3  # look further back, past this false match
-    return "no end-of-central-directory record at its end"
-
-
-def _le(data: bytes, at: int, size: int) -> int:
-    """The unsigned little-endian integer of ``size`` bytes at ``data[at:]`` (as zip stores them)."""
-    return int.from_bytes(data[at : at + size], "little")
+    return zip_end_problem(file.size, file.tail, file.span)
 
 
 def _is_json_object(data: bytes) -> bool:

@@ -2,7 +2,8 @@
 
 :class:`TreeReader` is what ``ckpt.inspection`` gathers a rule's view through (``ckpt.domain.rules``); a
 store offers its own efficient one through the optional capability :class:`ReadsSaves` (POSIX: ``pread``
-tails; S3: one delimited listing, ranged GETs), and any other store is read through its ``WatchStore`` port.
+tails and ranges; S3: one delimited listing, ranged GETs), and any other store is read through its
+``WatchStore`` port.
 
 Pure: typing only.
 """
@@ -45,6 +46,11 @@ class TreeReader(Protocol):
 
     def tail(self, path: str, size: int) -> Tail | None:
         """The last ``size`` bytes of the regular file ``path`` and its size, or ``None`` when it is none."""
+        ...
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes | None:
+        """At most ``length`` bytes of the regular file ``path`` from byte ``offset`` (fewer past its end),
+        or ``None`` when it is none. The zip check's second read (spec/watcher.md §2.4): a few bytes."""
         ...
 
 

@@ -26,6 +26,9 @@ Rules (from Accelerate's source, docs/integrations/accelerate.md):
    ending with its zip end-of-central-directory record (``torch.save``'s format since torch 1.6), or, for
    a file written as a plain pickle, with the pickle STOP opcode. Then the newest published save whose
    ``random_states_0.pkl`` is still there.
+4. An execution folder too long for ``step-18446744073709551615`` (the longest save, spec/names.md §4.5)
+   is an ``InvalidError`` when ``CkptAccelerate`` is made, on every process, before any save or
+   ``wait_for_everyone``.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class CkptAccelerate:
     ) -> None:
         self.accelerator = accelerator
         self.job = job if job is not None else open_job(**settings)
+        self.job.require_room(f"{_FOLDER_PREFIX}{{step}}", "Accelerate saves")  # rule 4, before any save
         self.publisher = Publisher(
             self.job,
             is_main=bool(accelerator.is_main_process),

@@ -16,7 +16,12 @@ Rules (docs/adr/0010-in-process-publish-policy.md says why):
    is raised.
 4. The main process records the execution's epoch (``exec/<attempt>/.ckpt-epoch``) when the publisher is
    made, so that a later catch-up knows it even if this execution dies before its first publication.
-5. ``resume_location`` runs the catch-up and the verified resolve on the main process only and hands the
+5. A job whose execution folder is too long for the longest name of the saves an integration makes there
+   (``ckpt.domain.room``, spec/names.md §4.5) is an ``InvalidError`` when the integration is constructed
+   (:meth:`Job.require_room`) and when ``resume_location`` is called, on every rank alike, before any save,
+   epoch record, barrier or collective: raised later, on the main process only, it would leave the other
+   ranks waiting in the next collective.
+6. ``resume_location`` runs the catch-up and the verified resolve on the main process only and hands the
    answer to the other ranks when ``torch.distributed`` is initialised, so every rank resumes from the same
    save. This module never imports a framework: it looks at ``torch.distributed`` only if the program has
    already imported it.
@@ -34,10 +39,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ckpt.catchup import is_vanished_save
-from ckpt.domain.entries import Entry, parse_epoch, validate_attempt
+from ckpt.domain.entries import Entry, exec_save_prefix, parse_epoch, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, NotFoundError
 from ckpt.domain.frameworks import Framework, parse_framework
 from ckpt.domain.ports import SyncsSaves
+from ckpt.domain.room import longest_name, require_room, require_rule_room
+from ckpt.rulebook import as_rule
 
 if TYPE_CHECKING:
     from ckpt.domain.ports import WatchStore
@@ -67,6 +74,13 @@ class Job:
     def saves_location(self) -> str:
         """``<root>/exec/<attempt>``: where the framework should save."""
         return self.store.exec_dir(self.attempt)
+
+    def require_room(self, template: str, saves: str) -> None:
+        """Refuse now (rule 5) an execution folder too long for the saves named ``template`` (``{step}`` for
+        the step, ``checkpoint-{step}``) at the largest step; ``saves`` says whose they are, for the message.
+        """
+        folder = exec_save_prefix(self.attempt)
+        require_room(folder, longest_name(template), what=f"attempt {self.attempt!r}", saves=saves)
 
 
 def open_job(
@@ -245,10 +259,12 @@ def resume_location(
 
     ``settings`` are :func:`open_job`'s (``root``, ``epoch``, ``attempt``, ``config``, ``environ``,
     ``store``) unless ``job`` is given. With ``torch.distributed`` initialised, only rank 0 reads and
-    publishes, and every rank gets its answer (rule 5).
+    publishes, and every rank gets its answer (rule 6). An execution folder too long for the framework's
+    saves is refused first, on every rank (rule 5).
     """
     rule = framework if isinstance(framework, Framework) else parse_framework(framework)
     the_job = job if job is not None else open_job(**settings)
+    require_rule_room(exec_save_prefix(the_job.attempt), as_rule(rule), what=f"attempt {the_job.attempt!r}")
 
     def compute() -> str | None:
         from ckpt.catchup import resume
@@ -267,7 +283,7 @@ def resume_location(
 
 
 def on_main_then_broadcast(compute: Callable[[], str | None]) -> str | None:
-    """Run ``compute`` on rank 0 and hand its answer (or its failure) to every rank (rule 5).
+    """Run ``compute`` on rank 0 and hand its answer (or its failure) to every rank (rule 6).
 
     Without an initialised ``torch.distributed`` group of several processes, it simply runs ``compute``.
     """

@@ -25,6 +25,8 @@ Rules (from torch's source, docs/integrations/dcp.md):
    future covers the others', so it is refused.
 5. torchtitan: call :meth:`CkptDCP.publish_when_done` with ``CheckpointManager.save_future`` (async modes)
    right after it is assigned, or :meth:`CkptDCP.publish_saved` after a synchronous save.
+6. An execution folder too long for ``step-18446744073709551615`` (the longest save, spec/names.md §4.5)
+   is an ``InvalidError`` when ``CkptDCP`` is made, on every rank, before any save or collective.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class CkptDCP:
                 "make CkptDCP after init_process_group: WORLD_SIZE > 1 but no process group yet"
             )
         self.job = job if job is not None else open_job(**settings)
+        self.job.require_room(f"{Framework.DCP.folder_prefix}{{step}}", "dcp saves")  # rule 6
         # No barrier: DCP's own last collective is the barrier (rules 2, 3).
         self.publisher = Publisher(self.job, barrier=lambda: None, **(publisher_options or {}))
         self._publishing: list[Future[Entry | None]] = []

@@ -19,7 +19,10 @@ Rules (from transformers' source, docs/integrations/hf.md):
    whose ``resume_location`` catches up what the dead execution completed, or by a sidecar.
 3. ``output_dir`` must be the execution's folder, ``<root>/exec/<attempt>`` (``callback.saves_location``):
    that is where the catch-up and the verified resolve look. It is checked when training begins.
-4. The Trainer's own rotation (``save_total_limit``) may delete a published folder; the verified resolve
+4. An execution folder too long for ``checkpoint-18446744073709551615`` (the longest save, spec/names.md
+   §4.5) is an ``InvalidError`` when the callback is made, on every rank: not on the main process alone,
+   after the barrier of its first save, while the others wait in the next collective.
+5. The Trainer's own rotation (``save_total_limit``) may delete a published folder; the verified resolve
    passes over it, but set ``save_total_limit=None`` and prune with ``ckpt prune`` instead.
 """
 
@@ -51,6 +54,7 @@ class CkptCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]  # Any 
         self, *, job: Job | None = None, publisher_options: dict[str, Any] | None = None, **settings: Any
     ):
         self.job = job if job is not None else open_job(**settings)
+        self.job.require_room(f"{Framework.HF.folder_prefix}{{step}}", "hf saves")  # rule 4, before any save
         self._publisher_options = dict(publisher_options or {})
         self.publisher: Publisher | None = None
 

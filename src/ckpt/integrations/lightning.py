@@ -27,6 +27,9 @@ Rules (from Lightning's source, docs/integrations/lightning.md):
 6. :func:`resume_location` first catches up what earlier executions wrote but never published (a crash a
    moment after the barrier, or during an async write) with :func:`is_whole_save` as the completion check,
    since there is no watcher rule for Lightning; then it resolves.
+7. An execution folder too long for ``step-18446744073709551615`` (the longest save, spec/names.md §4.5)
+   is an ``InvalidError`` when ``CkptModelCheckpoint`` is made and when :func:`resume_location` is called,
+   on every rank, before any save or epoch record.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
 
 CHECKPOINT_FILE = "model.ckpt"
 _FOLDER_PREFIX = "step-"
+_LONGEST_TEMPLATE = f"{_FOLDER_PREFIX}{{step}}"  # the save is the folder; model.ckpt is inside it
 _ZIP_END_RECORD = b"PK\x05\x06"
 _ZIP_TAIL = 22 + 65535  # the end record is within the last 22 bytes plus the longest zip comment
 
@@ -113,6 +117,7 @@ class CkptModelCheckpoint(ModelCheckpoint):  # type: ignore[misc,unused-ignore] 
                     f"{fixed} is decided by CkptModelCheckpoint (saves go to <exec>/step-<step>/)"
                 )
         self.job = job if job is not None else open_job(**(settings or {}))
+        self.job.require_room(_LONGEST_TEMPLATE, "Lightning saves")  # rule 7, before any save
         options.setdefault("save_top_k", -1)
         super().__init__(
             dirpath=self.job.saves_location,
@@ -198,6 +203,7 @@ def resume_location(*, catch_up: bool = True, **settings: Any) -> str | None:
     gets the same answer. ``settings`` are :func:`~ckpt.integrations.core.open_job`'s, or ``job=``.
     """
     job = settings.pop("job", None) or open_job(**settings)
+    job.require_room(_LONGEST_TEMPLATE, "Lightning saves")  # rule 7, before the epoch record
     if catch_up:
         from ckpt.catchup import catch_up_folders, record_epoch
 

@@ -176,6 +176,41 @@ SEQUENCES: dict[str, Sequence] = {
         options={"world_size": 3},
         prior={"latest": b"global_step5"},
     ),
+    # DeepSpeed, ZeRO 0 (fp16), tensor-parallel 2, one data-parallel rank: each rank writes its own
+    # mp_rank file and nothing else; rank 0 writes `latest` while rank 1 has not created mp_rank_01 yet.
+    # With N = 2 known and no settle, only rank 1's whole file completes it (watcher.md §2.7; issue 20).
+    "deepspeed-zero0-tp2": Sequence(
+        "deepspeed",
+        "global_step10",
+        (
+            mkdir("global_step10"),
+            write("global_step10/mp_rank_00_model_states.pt", ZIP),
+            write("latest", b"global_step10"),
+            write("global_step10/mp_rank_01_model_states.pt", ZIP),
+        ),
+        complete_after=4,
+        options={"world_size": 2},
+        prior={"latest": b"global_step5"},
+    ),
+    # DeepSpeed, ZeRO-1, tensor-parallel 2 x data-parallel 2 (N = 4): dp rank 0 of each mp group writes the
+    # model file, every rank its optimizer shard; data-parallel rank 1 finishes last, after `latest`.
+    "deepspeed-zero1-tp2-dp2": Sequence(
+        "deepspeed",
+        "global_step10",
+        (
+            mkdir("global_step10"),
+            write("global_step10/mp_rank_00_model_states.pt", ZIP),
+            write("global_step10/zero_pp_rank_0_mp_rank_00_optim_states.pt", ZIP),
+            write("latest", b"global_step10"),
+            write("global_step10/mp_rank_01_model_states.pt", ZIP),
+            write("global_step10/zero_pp_rank_0_mp_rank_01_optim_states.pt", ZIP),
+            write("global_step10/zero_pp_rank_1_mp_rank_00_optim_states.pt", ZIP),
+            write("global_step10/zero_pp_rank_1_mp_rank_01_optim_states.pt", ZIP),
+        ),
+        complete_after=8,
+        options={"world_size": 4},
+        prior={"latest": b"global_step5"},
+    ),
     # Megatron torch_dist, 2 ranks: shards (fsynced), .metadata (tmp + rename), metadata.json (plain write),
     # then rank 0 rewrites the tracker; tokenizer assets may follow into the folder.
     "megatron": Sequence(

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from ckpt.domain.entries import parse_step
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.rules.model import Item, Save, SaveView
-from ckpt.domain.rules.zipend import is_complete_zip
+from ckpt.domain.rules.zipend import zip_problem
 
 __all__ = [
     "json_object",
@@ -55,11 +55,16 @@ def json_object(data: bytes | None) -> dict[str, object] | None:
 
 
 def zip_reason(view: SaveView, path: str, shown: str | None = None) -> str | None:
-    """Why the file at ``path`` is not a complete zip (missing, or no end record), or ``None`` when it is."""
+    """Why the file at ``path`` is not a complete zip (missing, or its end does not hold), or ``None``.
+
+    The reason says what failed (spec/watcher.md §2.4): most often the end record is missing (still being
+    written or cut short), or the offsets it holds do not agree with the file (a zip inside the file).
+    """
     shown = path if shown is None else shown
     tail = view.tails.get(path)
     if tail is None:
         return f"no {shown}"
-    if not is_complete_zip(tail.data):
-        return f"{shown} is not a complete zip (no end record: still being written or cut short)"
+    problem = zip_problem(tail)
+    if problem is not None:
+        return f"{shown} is not a complete zip ({problem})"
     return None

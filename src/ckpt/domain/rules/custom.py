@@ -39,6 +39,7 @@ import attrs
 
 from ckpt.domain.errors import ConfigError
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import select_saves, step_of, zip_reason
 from ckpt.domain.rules.model import Item, Kind, Needs, Save, SaveView, in_save
 
@@ -63,6 +64,11 @@ class CustomRule:
     json_files: tuple[str, ...] = ()
     zip_files: tuple[str, ...] = ()
     settle: float | None = None
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): the pattern at the largest step."""
+        return longest_name(self.pattern)
 
     def _regex(self) -> re.Pattern[str]:
         before, _, after = self.pattern.partition(_STEP)

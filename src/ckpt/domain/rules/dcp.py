@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import attrs
 
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import select_saves, step_of
 from ckpt.domain.rules.model import Item, Kind, Needs, Save, SaveView, in_save
 
@@ -49,6 +50,11 @@ class DcpRule:
     world_size: int | None = None
     name: str = "dcp"
     pattern: str = "step-<step>"
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): ``step-`` at the largest step."""
+        return longest_name("step-{step}")
 
     def saves(self, items: Sequence[Item]) -> list[Save]:
         """``step-<N>`` folders, in step order."""

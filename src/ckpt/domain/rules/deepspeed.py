@@ -5,20 +5,21 @@ What DeepSpeed does (reference §1.2, ``DeepSpeedEngine.save_checkpoint``): ever
 holding the tag, **without waiting for the other ranks** (the only barrier comes after that write). So
 ``latest`` says rank 0 is done, not that the save is.
 
-Rules:
+Rules (their home, with what they prove and what not, is docs/spec/watcher.md §2.7; numbered as there):
 
-1. A save is a folder named ``global_step<N>`` (DeepSpeed's default tag), ``<N>`` per names.md §3.2.
-2. ``latest`` beside the save names its tag, or a later ``global_step<M>`` (M >= N): a later save can only
-   have started after this one's final barrier.
-3. Every expected shard is present: a model-states file for every model-parallel rank ``0 … max``
-   (``mp_rank_XX_model_states.pt``, or ``zero_pp_rank_<dp>_mp_rank_XX_model_states.pt`` under ZeRO-3, then for
-   every data-parallel rank too), and when there are optimizer-states files
-   (``[bf16_]zero_pp_rank_<dp>_mp_rank_XX_optim_states.pt``) one for every (dp, mp) pair of the grid the files
-   span. When the world size N is known, that grid has exactly N cells (each rank writes one optimizer shard).
+1. ``latest`` beside the save names its tag, or a ``global_step<M>`` of a step at least as great: a later
+   save can only have started after this one's final barrier. (A save is a folder ``global_step<S>``, §1.)
+2. The shard names form whole grids: a model-states file for every model-parallel rank ``0 … max``
+   (``mp_rank_XX_model_states.pt``, or ``zero_pp_rank_<dp>_mp_rank_XX_model_states.pt`` under ZeRO-3, then
+   for every data-parallel rank too), and with optimizer shards
+   (``[bf16_]zero_pp_rank_<dp>_mp_rank_XX_optim_states.pt``) one for every (dp, mp) of the grid all span.
+3. With the world size N known, the files account for N ranks: N optimizer shards, else N ZeRO-3 model
+   shards, else (no ZeRO shards: a data-parallel rank then writes nothing, so only dp = 1 is provable)
+   N ``mp_rank`` files.
 4. Every ``.pt`` file in the save is a complete zip (its end record is written last).
-5. Settle: a rank that has not yet created its file leaves no trace; rule 3 catches it only within the grid
-   the other files span, or with N known. So with N unknown the default settle time is one interval
-   (the listing must stay unchanged that long); with N known it is 0.
+
+Settle: one interval with N unknown (a rank that has not created its file leaves no trace), 0 with N
+known (rules 2-3 account for every rank's file).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import select_saves, step_of, zip_reason
 from ckpt.domain.rules.model import Item, Kind, Needs, Save, SaveView, in_save
 
@@ -43,7 +45,7 @@ _OPTIM = re.compile(r"(?:bf16_)?zero_pp_rank_([0-9]+)_mp_rank_([0-9]+)_optim_sta
 
 
 def deepspeed_step(item: Item) -> int | None:
-    """The step of a ``global_step<N>`` folder (rule 1), else ``None``."""
+    """The step of a ``global_step<N>`` folder (watcher.md §1), else ``None``."""
     match = _NAME.fullmatch(item.name)
     if item.kind is not Kind.FOLDER or match is None:
         return None
@@ -58,8 +60,35 @@ def _first_gap(cells: set[tuple[int, int]], dps: int, mps: int) -> tuple[int, in
     return None
 
 
+def _world_reason(
+    model: set[int], zero_model: set[tuple[int, int]], optim: set[tuple[int, int]], world_size: int
+) -> str | None:
+    """Why files that already form whole grids (rule 2) do not account for ``world_size`` ranks (rule 3).
+
+    Each rank writes one optimizer shard (ZeRO 1-3, and bf16 at any stage), and under ZeRO-3 one model
+    shard; without either only data-parallel rank 0 of each model-parallel group writes (its mp_rank file).
+    """
+    if optim:
+        if len(optim) != world_size:
+            return f"{len(optim)} optimizer shard(s) for a world size of {world_size}"
+    elif zero_model:
+        if len(zero_model) != world_size:
+            shards = f"{len(zero_model)} ZeRO-3 model shard(s) and no optimizer shards"
+            return f"{shards} for a world size of {world_size}"
+    elif len(model) != world_size:
+        # A data-parallel rank writes nothing here, so names cannot tell dp > 1 from a missing top mp rank.
+        return f"{len(model)} mp_rank_XX_model_states.pt and no ZeRO shards for a world size of {world_size}"
+    return None
+
+
 def shards_reason(names: Iterable[str], world_size: int | None) -> str | None:
-    """Why the shard files ``names`` (relative to the tag folder) are not every expected shard (rule 3)."""
+    """Why the shard files ``names`` (relative to the tag folder) are not every expected shard (rules 2-3).
+
+    >>> shards_reason(["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"], 2) is None
+    True
+    >>> shards_reason(["mp_rank_00_model_states.pt"], 2)
+    '1 mp_rank_XX_model_states.pt and no ZeRO shards for a world size of 2'
+    """
     model: set[int] = set()
     zero_model: set[tuple[int, int]] = set()
     optim: set[tuple[int, int]] = set()
@@ -86,13 +115,11 @@ def shards_reason(names: Iterable[str], world_size: int | None) -> str | None:
         gap = _first_gap(optim, dps, mps)
         if gap is not None:
             return f"no zero_pp_rank_{gap[0]}_mp_rank_{gap[1]:02d}_optim_states.pt"
-        if world_size is not None and dps * mps != world_size:
-            return f"{dps * mps} optimizer shard(s) for a world size of {world_size}"
-    return None
+    return None if world_size is None else _world_reason(model, zero_model, optim, world_size)
 
 
 def latest_reason(latest: bytes | None, tag: str, step: int | None, where: str = LATEST) -> str | None:
-    """Why ``latest`` (its content) does not name ``tag`` or a later ``global_step<M>`` (rule 2)."""
+    """Why ``latest`` (its content) does not name ``tag`` or a later ``global_step<M>`` (rule 1)."""
     if latest is None:
         return f"no {where} (DeepSpeed's rank 0 writes it when its part is saved)"
     try:
@@ -116,11 +143,16 @@ def pt_files(files: Iterable[FileInfo]) -> list[str]:
 
 @attrs.frozen
 class DeepSpeedRule:
-    """The ``deepspeed`` rule; ``world_size`` (when known) fixes the number of optimizer shards."""
+    """The ``deepspeed`` rule; ``world_size`` (when known): the number of ranks the files must account for."""
 
     world_size: int | None = None
     name: str = "deepspeed"
     pattern: str = "global_step<step>"
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): ``global_step`` at the largest step."""
+        return longest_name("global_step{step}")
 
     def saves(self, items: Sequence[Item]) -> list[Save]:
         """``global_step<N>`` folders, in step order."""
@@ -132,7 +164,7 @@ class DeepSpeedRule:
         return Needs(listing=True, heads=((LATEST, _LATEST_LIMIT),), tails=tails)
 
     def judge(self, view: SaveView) -> str | None:
-        """Rules 2-4, in that order."""
+        """Rules 1-4, in that order."""
         save = view.save
         reason = latest_reason(view.heads.get(LATEST), save.name, save.step)
         if reason is not None:
@@ -148,7 +180,7 @@ class DeepSpeedRule:
         return None
 
     def settle_time(self, interval: float, given: float | None = None) -> float:
-        """One interval when the world size is unknown, else 0 (rule 5)."""
+        """One interval when the world size is unknown, else 0 (watcher.md §2.7, settle)."""
         if given is not None:
             return given
         return interval if self.world_size is None else 0.0

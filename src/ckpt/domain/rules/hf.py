@@ -23,6 +23,7 @@ from ckpt.domain.frameworks import (
     save_step,
 )
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import select_saves
 from ckpt.domain.rules.model import Item, Kind, Needs, Save, SaveView, in_save
 from ckpt.domain.saves import MAX_READ_BYTES
@@ -44,6 +45,11 @@ class HfRule:
     world_size: int | None = None
     name: str = "hf"
     pattern: str = "checkpoint-<step>"
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): ``checkpoint-`` at the largest step."""
+        return longest_name("checkpoint-{step}")
 
     def saves(self, items: Sequence[Item]) -> list[Save]:
         """``checkpoint-<N>`` folders, in step order."""
@@ -72,7 +78,7 @@ class HfRule:
         for name in rank_files(Framework.HF, self.world_size):
             tail = view.tails.get(in_save(view.save, name))
             if tail is not None:
-                states.append(FileTail(tail.size, tail.data))
+                states.append(FileTail(tail.size, tail.data, tail.span))
             elif sizes.get(name, 0) > RNG_STATE_MAX_BYTES:
                 states.append(FileTail(sizes[name], b""))  # listed too large to be a rank's state: not read
             else:

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import attrs
 
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import select_saves, step_of, zip_reason
 from ckpt.domain.rules.dcp import METADATA
 from ckpt.domain.rules.deepspeed import LATEST, latest_reason, pt_files, shards_reason
@@ -62,6 +63,12 @@ class LightningRule:
     world_size: int | None = None
     name: str = "lightning"
     pattern: str = "<…>step=<step><…>.ckpt"
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): ``step=<step>.ckpt`` at the largest step
+        (the ``<…>`` parts are the trainer's)."""
+        return longest_name("step={step}.ckpt")
 
     def saves(self, items: Sequence[Item]) -> list[Save]:
         """``.ckpt`` files and folders with a step in the name, in step order."""

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import attrs
 
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import json_object, select_saves, step_of, zip_reason
 from ckpt.domain.rules.dcp import METADATA
 from ckpt.domain.rules.model import Item, Kind, Needs, Save, SaveView, in_save
@@ -72,6 +73,11 @@ class MegatronRule:
 
     name: str = "megatron"
     pattern: str = "iter_<step, 7+ digits>"
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): ``iter_`` at the largest step."""
+        return longest_name("iter_{step}")
 
     def saves(self, items: Sequence[Item]) -> list[Save]:
         """``iter_<NNNNNNN>`` folders, in step order."""

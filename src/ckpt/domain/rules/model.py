@@ -28,6 +28,7 @@ from typing import Protocol
 import attrs
 
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.zip_end import Span
 
 __all__ = [
     "HEAD_LIMIT",
@@ -79,10 +80,15 @@ class Save:
 
 @attrs.frozen
 class Tail:
-    """The last bytes of a file (at most what was asked for) and the file's whole size."""
+    """The last bytes of a file (at most what was asked for) and the file's whole size.
+
+    ``span`` is the zip check's second read (a few bytes at the central directory's offset), which the
+    caller makes only when ``ckpt.domain.zip_end.zip_second_read`` asks for it (spec/watcher.md §2.4).
+    """
 
     size: int
     data: bytes
+    span: Span | None = None
 
 
 @attrs.frozen
@@ -92,7 +98,8 @@ class Needs:
     ``listing``: every file inside the save (names and sizes, recursively). ``exists``: whether each path
     is a regular file. ``heads``: the first bytes of each path, at most its limit (the caller reads one
     byte more, so the rule can tell "larger than the limit"). ``tails``: the last
-    :data:`~ckpt.domain.rules.zipend.TAIL_BYTES` bytes of each path and its size.
+    :data:`~ckpt.domain.rules.zipend.TAIL_BYTES` bytes of each path and its size, and, when the zip
+    check asks for it, a few bytes more at its central directory (``Tail.span``).
     """
 
     listing: bool = False
@@ -137,7 +144,13 @@ def in_save(save: Save, path: str) -> str:
 
 
 class Rule(Protocol):
-    """A framework rule: which names are saves, what to read of one, and whether it is complete."""
+    """A framework rule: which names are saves, what to read of one, and whether it is complete.
+
+    A rule may also have ``longest_name`` (a property, a str): its save name at the largest step, which
+    every entry point checks fits in an entry name at start-up (``ckpt.domain.room``). Every built-in and
+    configured rule has one; it is not a member of this protocol, so that a plugin without one still is a
+    rule (held to the one-byte name ``x``).
+    """
 
     @property
     def name(self) -> str:

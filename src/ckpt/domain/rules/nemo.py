@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import attrs
 
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import step_of
 from ckpt.domain.rules.model import Item, Kind, Needs, Save, SaveView
 
@@ -63,6 +64,12 @@ class NemoRule:
     samples_per_step: int | None = None
     name: str = "nemo"
     pattern: str = "<…>step=<step><…>[.ckpt]"
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): ``step=<step>`` at the largest step (the
+        ``<…>`` parts are the trainer's)."""
+        return longest_name("step={step}")
 
     def step(self, item: Item) -> int | None:
         """The step of a checkpoint item (rule 1), else ``None``."""

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import attrs
 
 from ckpt.domain.ports import FileInfo
+from ckpt.domain.room import longest_name
 from ckpt.domain.rules.checks import select_saves, step_of
 from ckpt.domain.rules.model import Item, Kind, Needs, Save, SaveView, in_save
 
@@ -50,6 +51,12 @@ class OrbaxRule:
 
     name: str = "orbax"
     pattern: str = "[<prefix>_]<step>"
+
+    @property
+    def longest_name(self) -> str:
+        """The longest save name (``ckpt.domain.room`` rule 1): the largest step alone (the prefix is the
+        trainer's)."""
+        return longest_name("{step}")
 
     def saves(self, items: Sequence[Item]) -> list[Save]:
         """Step folders with final names, in step order."""

@@ -1,34 +1,39 @@
-"""The zip end-of-central-directory check: is a file a complete zip, judged from its last bytes.
+"""The zip end check for the rules: is a file a complete zip, judged from its size and its last bytes.
 
 ``torch.save`` writes a zip (the default since torch 1.6, and what DeepSpeed, Lightning and the Trainer's
-``rng_state_<i>.pth`` use). A zip ends with its end-of-central-directory record: the signature
-``PK\\x05\\x06``, 18 more bytes whose last two are the length ``c`` of a trailing comment, then the comment.
-A file is complete when that record ends exactly at the end of the file, that is, the signature sits at
-``size - 22 - c``. A file cut short anywhere before its last byte has no such record at its end (the record
-is the last thing written), so the check needs only the last ``22 + 65535`` bytes. A zip64 file still ends
-with the classic record (its fields saturated), so the same check holds.
+``rng_state_<i>.pth`` use), and writes its end last. The check itself lives in ``ckpt.domain.zip_end``
+(spec/watcher.md §2.4): an end-of-central-directory record ends the file exactly, and the central
+directory it describes (through the ZIP64 end record and locator when there are some) lies inside the file,
+ends exactly where those records begin, and starts with a directory header. So a file cut short anywhere,
+and a file cut right after a zip stored inside it, both fail. It needs the last :data:`TAIL_BYTES` bytes and,
+when the directory starts before them, 4 bytes more (``Tail.span``; ``ckpt.inspection`` reads them).
 
 Pure: the domain only.
 """
 
 from __future__ import annotations
 
-from ckpt.domain.frameworks import ZIP_TAIL_BYTES, FileTail, check_zip_tail
+from ckpt.domain.rules.model import Tail
+from ckpt.domain.zip_end import ZIP_TAIL_BYTES, zip_end_problem
 
-__all__ = ["TAIL_BYTES", "is_complete_zip"]
+__all__ = ["TAIL_BYTES", "is_complete_zip", "zip_problem"]
 
 TAIL_BYTES = ZIP_TAIL_BYTES
-"""How many bytes from the end of a file the check may need: the record plus the longest comment."""
+"""How many bytes from the end of a file the check reads first: the end records and the longest comment."""
 
 
-def is_complete_zip(tail: bytes) -> bool:
-    """Whether ``tail`` (a file's last bytes, or all of it) ends with a zip end-of-central-directory record.
+def zip_problem(tail: Tail) -> str | None:
+    """Why the file ``tail`` was read from is not a complete zip, or ``None`` when it is."""
+    return zip_end_problem(tail.size, tail.data, tail.span)
 
-    The one check is ``ckpt.domain.frameworks.check_zip_tail`` (the ``hf`` rank rule's); this is its
-    yes-or-no form for the other rules.
+
+def is_complete_zip(tail: bytes | Tail) -> bool:
+    """Whether ``tail`` is a complete zip: a :class:`Tail` as read, or bytes that are the whole file.
 
     >>> record = b"PK\\x05\\x06" + bytes(16) + (2).to_bytes(2, "little") + b"hi"
-    >>> is_complete_zip(b"data" + record), is_complete_zip(b"data" + record[:-1])
-    (True, False)
+    >>> is_complete_zip(record), is_complete_zip(record[:-1]), is_complete_zip(b"data" + record)
+    (True, False, False)
     """
-    return check_zip_tail(FileTail(len(tail), tail)) is None
+    if isinstance(tail, bytes):
+        tail = Tail(len(tail), tail)
+    return zip_problem(tail) is None
