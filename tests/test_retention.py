@@ -25,6 +25,13 @@ def entry_of(data: dict[str, str]) -> Entry:
     return Entry(int(data["epoch"]), int(data["step"]), data["save"])
 
 
+def every_of(case: dict[str, Any]) -> int | None:
+    """The case's keep_every: a decimal string (64-bit values are strings in every vector file), or null."""
+    every = case["keep_every"]
+    assert every is None or isinstance(every, str), "keep_every must be a decimal string or null"
+    return None if every is None else int(every)
+
+
 def case_params(*, valid: bool) -> list[Any]:
     return [pytest.param(c, id=c["id"]) for c in VECTORS["cases"] if c["valid"] is valid]
 
@@ -42,7 +49,7 @@ class TestVectors:
         plan = plan_retention(
             [entry_of(e) for e in case["entries"]],
             case["keep"],
-            keep_every=case["keep_every"],
+            keep_every=every_of(case),
             pinned=[entry_of(e) for e in case["pinned"]],
         )
         expected_kept = [Kept(entry_of(k), tuple(KeepReason(r) for r in k["reasons"])) for k in case["kept"]]
@@ -57,7 +64,7 @@ class TestVectors:
             plan_retention(
                 [entry_of(e) for e in case["entries"]],
                 case["keep"],
-                keep_every=case["keep_every"],
+                keep_every=every_of(case),
                 pinned=[entry_of(e) for e in case["pinned"]],
             )
 
