@@ -93,8 +93,13 @@ DOMAIN_ALLOWED = {
 NOT_IMPORTED_BY_POSIX_RESOLVE = (
     *("boto3", "botocore", "hvac", "requests", "urllib3", "socket", "ssl", "ipaddress"),
     *("json", "logging", "shutil", "bz2", "lzma", "tomllib", "concurrent.futures"),
-    *("ckpt.config", "ckpt.creds", "ckpt.adapters.s3", "ckpt.domain.proxy", "ckpt.rulebook"),
-    *("ckpt.domain.rules", "ckpt.domain.frameworks", "ckpt.inspection", "ckpt.adapters.posix_saves"),
+    *("ckpt.config", "ckpt.creds", "ckpt.adapters.s3", "ckpt.domain.proxy", "ckpt.application.rulebook"),
+    *(
+        "ckpt.domain.rules",
+        "ckpt.domain.frameworks",
+        "ckpt.application.inspection",
+        "ckpt.adapters.posix_saves",
+    ),
     "ckpt.stopping",
     *("ckpt.application.watcher", "ckpt.application.verify", "ckpt.domain.prune"),
     *("ckpt.cli.retention", "ckpt.cli.watch", "ckpt.cli.follow", "ckpt.cli.resume", "ckpt.cli.doctor"),
@@ -138,7 +143,8 @@ class TestLayers:
             [str(lint), "--config", str(SRC.parent.parent / "pyproject.toml"), "--no-cache"],
             capture_output=True,
             text=True,
-            check=False, timeout=300,
+            check=False,
+            timeout=300,
         )
         assert result.returncode == 0, result.stdout[-2000:]
         assert "0 broken" in result.stdout

@@ -3,7 +3,7 @@
 The vectors in ``tests/vectors/frameworks/*.json`` are the language-neutral definition of each rule: a
 layout of the saves location, one name in it, and whether that name is a save and a complete one (and if
 not, a phrase the reason contains). They are gathered and judged here exactly as the watcher does it
-(``ckpt.inspection.judge``: the rule, then spec/watcher.md §2.6) over an in-memory layout.
+(``ckpt.application.inspection.judge``: the rule, then spec/watcher.md §2.6) over an in-memory layout.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ class TestVectors:
 
 
 def read_as_the_watcher(data: bytes) -> tuple[str | None, int]:
-    """Judge ``data`` as ``ckpt.inspection`` reads a file: its tail, then the second read when asked for.
+    """Judge ``data`` as ``ckpt.application.inspection`` reads a file: its tail, then the second read when
+    asked for.
 
     Returns the reason (``None``: complete) and how many reads it took.
     """

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from ckpt.adapters.posix import PosixStore
+from ckpt.application.rulebook import find_rule
 from ckpt.application.watcher import Watcher
-from ckpt.rulebook import find_rule
 from support.sidecar import Sidecar
 
 pytestmark = [

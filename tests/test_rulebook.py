@@ -1,4 +1,5 @@
-"""Finding a rule by name (``ckpt.rulebook``): built in, configured, and plugins from installed packages.
+"""Finding a rule by name (``ckpt.application.rulebook``): built in, configured, and plugins from installed
+packages.
 
 The plugin ``tests/plugins/ckpt_done_marker.py`` is installed for these tests the way pip leaves a package:
 a module and a ``.dist-info`` folder with ``entry_points.txt`` on ``sys.path``.
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ckpt.application.rulebook import PLUGIN_GROUP, find_rule, known_rules, plugin_names
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.rules import BUILTIN, Item, parse_custom_rules
-from ckpt.rulebook import PLUGIN_GROUP, find_rule, known_rules, plugin_names
 
 PLUGINS = Path(__file__).parent / "plugins"
 CONFIGURED = parse_custom_rules([{"name": "mytrainer", "pattern": "ckpt_{step}"}], BUILTIN)

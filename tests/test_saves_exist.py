@@ -123,7 +123,7 @@ def publish_whole(harness: Harness, case: str) -> Any:
 
 def _stores_for(case: str) -> list[str]:
     """The harnesses a case runs on: the in-memory fake's reader sees folders only
-    (``ckpt.inspection.StoreSaves``), so a single-file save runs on the real stores only."""
+    (``ckpt.application.inspection.StoreSaves``), so a single-file save runs on the real stores only."""
     _, layout, gone = LAYOUTS[case]
     return [name for name in sorted(HARNESS_FACTORIES) if not (name == "memory" and gone in layout)]
 

@@ -12,10 +12,10 @@ import pytest
 from ckpt.adapters.posix_saves import PosixSaves
 from ckpt.adapters.s3 import S3Store
 from ckpt.adapters.s3_saves import S3Saves
+from ckpt.application.inspection import gather_view
 from ckpt.domain.errors import NotFoundError, StorageError
 from ckpt.domain.ports import FileInfo
 from ckpt.domain.rules import TAIL_BYTES, Item, Kind, Tail
-from ckpt.inspection import gather_view
 from support.forward_proxy import ForwardProxy, Match, RewriteResponse
 from support.rule_layouts import LayoutReader, content, vector_cases, vector_rule, zip_bytes
 from support.s3 import new_bucket_name, raw_client

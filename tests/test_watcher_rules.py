@@ -17,10 +17,10 @@ import pytest
 
 from ckpt.adapters.posix import PosixStore
 from ckpt.adapters.s3 import S3Store
+from ckpt.application.rulebook import find_rule
 from ckpt.application.verify import resolve_verified
 from ckpt.application.watcher import Watcher
 from ckpt.domain.rules import BUILTIN, TAIL_BYTES, parse_custom_rules
-from ckpt.rulebook import find_rule
 from support.rule_layouts import inner_zip_cut, torch_zip, zeroed_zip, zip_bytes
 from support.s3 import RequestLog, new_bucket_name, raw_client
 from support.trainer.frameworks import SEQUENCES, Sequence, apply_to_folder, states

@@ -1,8 +1,8 @@
 """Save layouts as plain data, for the framework-rule vectors and the killed-save simulations.
 
 A *layout* is the saves location as a mapping of slash-separated paths to file contents; a path ending in
-``/`` is an empty folder. :class:`LayoutReader` is a :class:`ckpt.inspection.TreeReader` over one, so the
-rules are gathered and judged exactly as the watcher does it, without a store. :func:`content` turns a
+``/`` is an empty folder. :class:`LayoutReader` is a :class:`ckpt.application.inspection.TreeReader` over one,
+so the rules are gathered and judged exactly as the watcher does it, without a store. :func:`content` turns a
 vector's file description into bytes.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from ckpt.application.inspection import judge
 from ckpt.domain.ports import FileInfo
 from ckpt.domain.rules import BUILTIN, Item, Kind, Rule, Tail, builtin_rule, parse_custom_rules
-from ckpt.inspection import judge
 
 Layout = Mapping[str, bytes | None]
 
@@ -174,8 +174,8 @@ class LayoutReader:
 def verdict(rule: Rule, files: Mapping[str, bytes | None], name: str) -> tuple[bool, str | None]:
     """Whether ``name`` is a save under ``rule`` here, and if so why it is not complete (or None).
 
-    Judged as the watcher and verified resolve judge (``ckpt.inspection.judge``): the rule's own verdict,
-    then spec/watcher.md §2.6 (a save that holds nothing is never complete).
+    Judged as the watcher and verified resolve judge (``ckpt.application.inspection.judge``): the rule's own
+    verdict, then spec/watcher.md §2.6 (a save that holds nothing is never complete).
     """
     reader = LayoutReader(files)
     items = reader.items()

@@ -1,4 +1,5 @@
-"""Reading a saves location on a POSIX filesystem for the framework rules (``ckpt.inspection.TreeReader``).
+"""Reading a saves location on a POSIX filesystem for the framework rules
+(``ckpt.application.inspection.TreeReader``).
 
 Rules:
 

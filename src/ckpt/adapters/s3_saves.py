@@ -1,4 +1,4 @@
-"""Reading a saves location in S3 for the framework rules (``ckpt.inspection.TreeReader``).
+"""Reading a saves location in S3 for the framework rules (``ckpt.application.inspection.TreeReader``).
 
 Rules:
 

@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import attrs
 
 from ckpt.application.bounded import call_within
+from ckpt.application.rulebook import as_rule
 from ckpt.application.verify import resolve_verified
 from ckpt.application.watcher import Watcher
 from ckpt.domain.catchup import (
@@ -52,7 +53,6 @@ from ckpt.domain.ports import KnowsRemovals, SyncsSaves, WatchStore, WritesSmall
 from ckpt.domain.removing import NEVER_REMOVING, Removing
 from ckpt.domain.room import longest_name, longest_save_name, require_rule_room
 from ckpt.domain.rules import Rule
-from ckpt.rulebook import as_rule
 
 __all__ = [
     "DEFAULT_SETTLE",
@@ -169,8 +169,8 @@ def catch_up(
 ) -> CaughtUp:
     """Publish every complete, unpublished save of the execution folders the plan names, at their epochs.
 
-    ``framework`` is a :class:`Framework` or any rule (``ckpt.rulebook.find_rule``: built-in, configured or a
-    plugin's). ``settle`` (default: the rule's settle time for the sidecar's default interval,
+    ``framework`` is a :class:`Framework` or any rule (``ckpt.application.rulebook.find_rule``: built-in,
+    configured or a plugin's). ``settle`` (default: the rule's settle time for the sidecar's default interval,
     :data:`DEFAULT_SETTLE`; 10 s for ``hf``, 0 for ``dcp``) is how long a save's listing must stay unchanged
     before it is published; the whole catch-up waits at most that long after its first scan.
     Store errors propagate.

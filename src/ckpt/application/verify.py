@@ -12,7 +12,7 @@ read once, and only when some save passed the rule (docs/spec/watcher.md §6.6).
 
 This module also keeps :func:`read_markers` and :func:`read_rank_states`, the ``hf``/``dcp`` marker readers
 over the ``WatchStore`` port, for embedders that used them; the watcher and :func:`resolve_verified` now
-read through ``ckpt.inspection``.
+read through ``ckpt.application.inspection``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from collections.abc import Iterable
 
 import attrs
 
+from ckpt.application.inspection import judge, saves_reader
+from ckpt.application.rulebook import as_rule
 from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import Entry
 from ckpt.domain.frameworks import (
@@ -39,8 +41,6 @@ from ckpt.domain.frameworks import (
 from ckpt.domain.ports import FileInfo, KnowsRemovals, SaveReader, Store, WatchStore
 from ckpt.domain.removing import NEVER_REMOVING, Removing, being_removed_reason
 from ckpt.domain.rules import Item, Kind, Rule
-from ckpt.inspection import judge, saves_reader
-from ckpt.rulebook import as_rule
 
 __all__ = ["MISSING_FOLDER", "Verified", "read_markers", "read_rank_states", "resolve_verified"]
 
@@ -149,8 +149,8 @@ def resolve_verified(
 ) -> Verified:
     """Return the newest entry whose save still exists and is complete under ``framework``'s rule.
 
-    ``framework`` is a rule (``ckpt.rulebook.find_rule`` finds one by name) or a :class:`Framework`;
-    ``world_size`` goes to the built-in rule of a :class:`Framework`.
+    ``framework`` is a rule (``ckpt.application.rulebook.find_rule`` finds one by name) or a
+    :class:`Framework`; ``world_size`` goes to the built-in rule of a :class:`Framework`.
 
     ``world_size`` is the number of processes that *wrote* the saves (``None``: unknown, no per-rank check);
     for ``hf`` above 1 every ``rng_state_<i>.pth`` must be present and complete, as the watcher requires.

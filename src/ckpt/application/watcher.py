@@ -2,12 +2,12 @@
 
 Rules this module keeps (docs/adr/0008-watcher.md says why):
 
-1. A scan lists the saves location once (its folders and files, through ``ckpt.inspection.saves_reader``),
-   keeps the names that are saves under the framework's rule (``ckpt.domain.rules``: built in, configured
-   or a plugin), and looks, in step order, at those this watcher has not published yet. A complete save is
-   synced (``sync_save``, found through the ``SyncsSaves`` protocol: POSIX fsyncs it, our other stores only
-   check the location, an embedder's store may have none) and then published; an incomplete one is passed
-   over and looked at again next scan.
+1. A scan lists the saves location once (its folders and files, through
+   ``ckpt.application.inspection.saves_reader``), keeps the names that are saves under the framework's rule
+   (``ckpt.domain.rules``: built in, configured or a plugin), and looks, in step order, at those this watcher
+   has not published yet. A complete save is synced (``sync_save``, found through the ``SyncsSaves`` protocol:
+   POSIX fsyncs it, our other stores only check the location, an embedder's store may have none) and then
+   published; an incomplete one is passed over and looked at again next scan.
 2. Published saves are never read again. The watcher keeps their locations in memory; a new watcher learns
    them by reading ``entries()`` once, in its first scan, keeping the entries of its own epoch. So a scan
    over any number of already-published saves with nothing new costs one listing of the saves location
@@ -51,6 +51,8 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from ckpt.application.bounded import call_within
+from ckpt.application.inspection import TreeReader, judge_for_watch, saves_reader
+from ckpt.application.rulebook import as_rule
 from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import MAX_U64, Entry
 from ckpt.domain.errors import ExistsError, InvalidError, NotFoundError, SaveNotFoundError, ScanTimeoutError
@@ -59,8 +61,6 @@ from ckpt.domain.ports import KnowsRemovals, Store, SyncsSaves, WatchStore
 from ckpt.domain.removing import Removing
 from ckpt.domain.rules import BUILTIN, Item, Rule, Save, builtin_rule, unclaimed_save
 from ckpt.domain.rules.settle import Look
-from ckpt.inspection import TreeReader, judge_for_watch, saves_reader
-from ckpt.rulebook import as_rule
 
 __all__ = ["ScanReport", "WatchObserver", "Watcher"]
 
@@ -112,16 +112,16 @@ class WatchObserver(Protocol):
 class Watcher:
     """Publishes the complete saves a framework writes into ``saves_location``, at ``epoch``.
 
-    ``store`` is any :class:`~ckpt.domain.ports.WatchStore`; ``framework`` a rule (``ckpt.rulebook.find_rule``
-    finds one by name) or a :class:`Framework`; ``saves_location`` the folder the framework
-    saves into, in the store's own form (normally ``store.exec_dir(attempt)``). ``interval`` is the time
-    between scans in :meth:`watch`; ``settle`` (default: the rule's, e.g. one interval for ``hf``, 0 for
-    ``dcp``) how long a save's listing must stay unchanged (a rule may ignore it: ``dcp`` does) and how long
-    the drain after a stop may last; ``world_size`` (``None``: unknown) builds the rule of a
-    :class:`Framework` (a rule object already carries its own); ``scan_timeout`` (``None``: none) bounds each
-    scan in :meth:`watch`; ``on_published`` is called with each entry a scan creates, in step order, from
-    the thread that runs the scan; ``observer`` receives a :class:`ScanReport` after every scan (rule 8).
-    ``clock`` is a monotonic clock in seconds (tests pass a fake one to :meth:`scan`).
+    ``store`` is any :class:`~ckpt.domain.ports.WatchStore`; ``framework`` a rule
+    (``ckpt.application.rulebook.find_rule`` finds one by name) or a :class:`Framework`; ``saves_location``
+    the folder the framework saves into, in the store's own form (normally ``store.exec_dir(attempt)``).
+    ``interval`` is the time between scans in :meth:`watch`; ``settle`` (default: the rule's, e.g. one
+    interval for ``hf``, 0 for ``dcp``) how long a save's listing must stay unchanged (a rule may ignore it:
+    ``dcp`` does) and how long the drain after a stop may last; ``world_size`` (``None``: unknown) builds the
+    rule of a :class:`Framework` (a rule object already carries its own); ``scan_timeout`` (``None``: none)
+    bounds each scan in :meth:`watch`; ``on_published`` is called with each entry a scan creates, in step
+    order, from the thread that runs the scan; ``observer`` receives a :class:`ScanReport` after every scan
+    (rule 8). ``clock`` is a monotonic clock in seconds (tests pass a fake one to :meth:`scan`).
     """
 
     def __init__(

@@ -33,10 +33,10 @@ def cmd_resolve(ctx: Context) -> int:
     store = ctx.store()
     skipped: list[dict[str, Any]] = []
     if ctx.args.framework:
+        from ckpt.application.rulebook import find_rule
         from ckpt.application.verify import resolve_verified
         from ckpt.cli.output import entry_document
         from ckpt.domain.frameworks import parse_world_size
-        from ckpt.rulebook import find_rule
 
         # The world size of the run that *wrote* the saves: given explicitly, never taken from WORLD_SIZE,
         # which describes the resuming run (docs/adr/0008-watcher.md).

@@ -100,10 +100,10 @@ def _required(args: argparse.Namespace, environ: Mapping[str, str], name: str, v
 
 
 def _handle(ctx: _Context) -> int:
+    from ckpt.application.rulebook import find_rule
     from ckpt.catchup import DEFAULT_SCAN_TIMEOUT, resume
     from ckpt.domain.entries import parse_epoch, validate_attempt
     from ckpt.domain.frameworks import parse_world_size
-    from ckpt.rulebook import find_rule
 
     args = ctx.args
     # As for resolve: the size of the run that wrote the saves, only when given (never WORLD_SIZE).

@@ -4,8 +4,8 @@ Rules:
 
 1. Arguments: ``--framework NAME`` (a built-in rule: ``hf``, ``dcp``, ``lightning``, ``deepspeed``,
    ``megatron``, ``nemo``, ``orbax``; a ``[[frameworks]]`` rule of the configuration file; or an installed
-   plugin's, ``ckpt.rulebook``; anything else is ``InvalidError`` listing them); the saves folder from
-   ``--saves LOCATION`` (absolute path, ``s3://`` URL, or a path relative to the root) or else
+   plugin's, ``ckpt.application.rulebook``; anything else is ``InvalidError`` listing them); the saves folder
+   from ``--saves LOCATION`` (absolute path, ``s3://`` URL, or a path relative to the root) or else
    ``exec_dir(--attempt | DISPATCH_ATTEMPT)``; the epoch from ``--epoch | DISPATCH_EPOCH``. ``--interval``
    (10), ``--settle`` (the rule's: the interval for ``hf``, ``lightning``, a ``deepspeed`` of unknown world
    size and configured rules, else 0; ``dcp`` never settles) and ``--scan-timeout`` (120) are seconds,
@@ -291,8 +291,8 @@ def run(
     ``InvalidError``; a failed or timed-out scan raises its error (rules 3, 4).
     """
     from ckpt import __version__
+    from ckpt.application.rulebook import find_rule
     from ckpt.application.watcher import Watcher  # imported here: keeps ``ckpt --help`` light
-    from ckpt.rulebook import find_rule
 
     env = os.environ if environ is None else environ
     interval = (

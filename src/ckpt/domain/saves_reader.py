@@ -1,9 +1,9 @@
 """The port a framework rule's facts are read through: one saves location's folders, files, heads and tails.
 
-:class:`TreeReader` is what ``ckpt.inspection`` gathers a rule's view through (``ckpt.domain.rules``); a
-store offers its own efficient one through the optional capability :class:`ReadsSaves` (POSIX: ``pread``
-tails and ranges; S3: one delimited listing, ranged GETs), and any other store is read through its
-``WatchStore`` port.
+:class:`TreeReader` is what ``ckpt.application.inspection`` gathers a rule's view through
+(``ckpt.domain.rules``); a store offers its own efficient one through the optional capability
+:class:`ReadsSaves` (POSIX: ``pread`` tails and ranges; S3: one delimited listing, ranged GETs), and any other
+store is read through its ``WatchStore`` port.
 
 Pure: typing only.
 """

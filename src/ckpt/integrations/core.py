@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ckpt.application.rulebook import as_rule
 from ckpt.catchup import is_vanished_save
 from ckpt.domain.entries import Entry, exec_save_prefix, parse_epoch, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, NotFoundError
 from ckpt.domain.frameworks import Framework, parse_framework
 from ckpt.domain.ports import SyncsSaves
 from ckpt.domain.room import longest_name, require_room, require_rule_room
-from ckpt.rulebook import as_rule
 
 if TYPE_CHECKING:
     from ckpt.domain.ports import WatchStore

@@ -177,11 +177,12 @@ def is_whole_save(store: WatchStore, location: str) -> bool:
 def _tail(store: WatchStore, location: str) -> bytes | None:
     """The end of ``model.ckpt``, or ``None`` when it is not a file (absent, or a sharded save's folder).
 
-    Read through the store's saves reader (``ckpt.inspection.saves_reader``): only the last bytes, whatever
-    the size, on POSIX (``pread``) and S3 (a ranged GET); another store reads the file through its port,
-    and a file too big for that counts as not whole (a save the catch-up cannot judge stays unpublished).
+    Read through the store's saves reader (``ckpt.application.inspection.saves_reader``): only the last bytes,
+    whatever the size, on POSIX (``pread``) and S3 (a ranged GET); another store reads the file through its
+    port, and a file too big for that counts as not whole (a save the catch-up cannot judge stays
+    unpublished).
     """
-    from ckpt.inspection import StoreSaves, saves_reader
+    from ckpt.application.inspection import StoreSaves, saves_reader
 
     reader = saves_reader(store, location)
     try:

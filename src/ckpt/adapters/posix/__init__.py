@@ -82,7 +82,7 @@ class PosixStore(CheckpointStore):
         they serve, which a ``resolve`` never needs: they are imported here, not with the store.
         """
         from ckpt.adapters.posix_saves import PosixSaves
-        from ckpt.inspection import StoreSaves
+        from ckpt.application.inspection import StoreSaves
 
         if type(self) is PosixStore and type(self._at.sys) is Syscalls:
             return PosixSaves(location, root=self.root)

@@ -271,7 +271,7 @@ class S3Store(CheckpointStore):
         A subclass is read through the ``WatchStore`` port instead, so whatever it overrides is honoured.
         """
         from ckpt.adapters.s3_saves import S3Saves
-        from ckpt.inspection import StoreSaves
+        from ckpt.application.inspection import StoreSaves
 
         if type(self) is not S3Store:
             return StoreSaves(self, location)

@@ -11,8 +11,8 @@ Rules:
    single-file save is at least one byte long.
 2. The facts the rule already gathered usually show it (:func:`shows_content`): a file inside the folder
    that exists or was read, a non-empty listing of the folder; a head or tail of the file itself. Only when
-   they do not tell is one more fact read (``ckpt.inspection``): the folder's listing, or the file's first
-   byte. So the rules that look inside the save (``hf``, ``dcp``, ``lightning``, ``deepspeed``,
+   they do not tell is one more fact read (``ckpt.application.inspection``): the folder's listing, or the
+   file's first byte. So the rules that look inside the save (``hf``, ``dcp``, ``lightning``, ``deepspeed``,
    ``megatron``, ``orbax``, and configured rules with ``required``, ``json`` or ``zip`` files) cost nothing
    more, and a rule that passes a save it did not look into costs one request more, only when it passes.
 3. The check comes after the rule's own verdict, so an incomplete save keeps the rule's reason; a save that

@@ -6,7 +6,8 @@
 directory it describes (through the ZIP64 end record and locator when there are some) lies inside the file,
 ends exactly where those records begin, and starts with a directory header. So a file cut short anywhere,
 and a file cut right after a zip stored inside it, both fail. It needs the last :data:`TAIL_BYTES` bytes and,
-when the directory starts before them, 4 bytes more (``Tail.span``; ``ckpt.inspection`` reads them).
+when the directory starts before them, 4 bytes more (``Tail.span``; ``ckpt.application.inspection`` reads
+them).
 
 Pure: the domain only.
 """
