@@ -17,12 +17,20 @@ Rules:
 3. An unknown name is ``InvalidError`` listing every name that would have worked.
 4. Plugins are looked up only when a name is neither built in nor configured, so the common commands never
    scan the installed distributions.
+5. A rule object and a world size (:func:`as_rule`, the API's one way in: ``resolve_verified``, the
+   watcher, catch-up, ``resume_location``): a rule built without a world size (``world_size`` is ``None``)
+   gets it, one built with the same keeps it, one built with another is ``InvalidError`` naming both; a
+   rule that has no ``world_size`` does not use one (as with :func:`find_rule`). So
+   ``resolve_verified(store, find_rule("hf"), world_size=2)`` judges exactly as
+   ``find_rule("hf", world_size=2)`` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
 
 from ckpt.domain.errors import InvalidError, InvalidTypeError
 from ckpt.domain.frameworks import Framework
@@ -33,7 +41,7 @@ if TYPE_CHECKING:
 
     from ckpt.domain.rules.custom import CustomRule
 
-__all__ = ["PLUGIN_GROUP", "as_rule", "find_rule", "known_rules", "plugin_names"]
+__all__ = ["PLUGIN_GROUP", "as_rule", "find_rule", "known_rules", "plugin_names", "with_world_size"]
 
 PLUGIN_GROUP = "ckpt.frameworks"
 _RULE_MEMBERS = ("name", "pattern", "saves", "needs", "judge", "settle_time")
@@ -100,7 +108,8 @@ def find_rule(name: str, *, world_size: int | None = None, configured: Sequence[
 
 
 def as_rule(framework: Framework | Rule, world_size: int | None = None) -> Rule:
-    """The rule for ``framework``: a :class:`Framework` (its built-in rule, with the world size) or a rule.
+    """The rule for ``framework``: a :class:`Framework` (its built-in rule, with the world size) or a rule,
+    given the world size as rule 5 says.
 
     Anything else (a name, ``None``) is ``InvalidTypeError``: a name goes through :func:`find_rule`.
     """
@@ -112,4 +121,25 @@ def as_rule(framework: Framework | Rule, world_size: int | None = None) -> Rule:
         raise InvalidTypeError(
             f"framework must be a Framework or a rule, got {type(framework).__name__} {framework!r}"
         )
-    return framework
+    return with_world_size(framework, world_size)
+
+
+def with_world_size(rule: Rule, world_size: int | None) -> Rule:
+    """``rule`` judging saves written by ``world_size`` processes (rule 5)."""
+    if world_size is None or not hasattr(rule, "world_size"):
+        return rule
+    has = rule.world_size
+    if has == world_size:
+        return rule
+    if has is not None:
+        raise InvalidError(
+            f"the {rule.name} rule was built for a world size of {has}, and a world size of {world_size} was "
+            "given too: give one"
+        )
+    if not attrs.has(type(rule)):
+        raise InvalidError(
+            f"the {rule.name} rule has a world size but cannot be given one (not an attrs class): build it "
+            f"with world_size={world_size}"
+        )
+    built: Rule = attrs.evolve(cast("Any", rule), world_size=world_size)
+    return built

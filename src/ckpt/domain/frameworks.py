@@ -102,7 +102,8 @@ class Framework(enum.Enum):
 
 
 def parse_framework(text: str) -> Framework:
-    """Parse a framework name, exactly ``hf`` or ``dcp``.
+    """Parse a framework name, exactly ``hf`` or ``dcp`` (the two this enumeration names; every rule's name,
+    built in, configured or a plugin's, goes through ``ckpt.application.rulebook.find_rule``).
 
     >>> parse_framework("dcp")
     <Framework.DCP: 'dcp'>

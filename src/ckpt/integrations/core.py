@@ -38,16 +38,17 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ckpt.application.rulebook import as_rule
+from ckpt.application.rulebook import as_rule, find_rule
 from ckpt.catchup import is_vanished_save
 from ckpt.domain.entries import Entry, exec_save_prefix, parse_epoch, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, NotFoundError
-from ckpt.domain.frameworks import Framework, parse_framework
+from ckpt.domain.frameworks import Framework, validate_world_size
 from ckpt.domain.ports import SyncsSaves
 from ckpt.domain.room import longest_name, require_room, require_rule_room
 
 if TYPE_CHECKING:
     from ckpt.domain.ports import WatchStore
+    from ckpt.domain.rules import Rule
 
 __all__ = [
     "Job",
@@ -248,23 +249,28 @@ class Publisher:
 
 
 def resume_location(
-    framework: Framework | str,
+    framework: Framework | Rule | str,
     *,
     job: Job | None = None,
     settle: float | None = None,
     catch_up: bool = True,
+    world_size: int | None = None,
     **settings: Any,
 ) -> str | None:
     """Where to resume from: catch up earlier executions, resolve verified; ``None`` on a first run.
 
+    ``framework`` is a :class:`Framework`, a rule, or a rule's name (``find_rule``: any built-in rule or a
+    plugin's; a configured rule is passed as the rule object). ``world_size`` is the number of processes
+    that wrote the saves (``None``: unknown), given to the rule as ``ckpt.application.rulebook`` rule 5 says.
     ``settings`` are :func:`open_job`'s (``root``, ``epoch``, ``attempt``, ``config``, ``environ``,
     ``store``) unless ``job`` is given. With ``torch.distributed`` initialised, only rank 0 reads and
     publishes, and every rank gets its answer (rule 6). An execution folder too long for the framework's
     saves is refused first, on every rank (rule 5).
     """
-    rule = framework if isinstance(framework, Framework) else parse_framework(framework)
+    world = None if world_size is None else validate_world_size(world_size)
+    rule = find_rule(framework, world_size=world) if isinstance(framework, str) else as_rule(framework, world)
     the_job = job if job is not None else open_job(**settings)
-    require_rule_room(exec_save_prefix(the_job.attempt), as_rule(rule), what=f"attempt {the_job.attempt!r}")
+    require_rule_room(exec_save_prefix(the_job.attempt), rule, what=f"attempt {the_job.attempt!r}")
 
     def compute() -> str | None:
         from ckpt.catchup import resume
