@@ -17,8 +17,10 @@ from ckpt.application.catchup import (
     is_vanished_save,
     read_epoch_record,
     record_epoch,
+    record_world_size,
     resume,
 )
+from ckpt.application.world_size_record import read_world_size_record
 
 __all__ = [
     "DEFAULT_SCAN_TIMEOUT",
@@ -29,6 +31,8 @@ __all__ = [
     "catch_up_folders",
     "is_vanished_save",
     "read_epoch_record",
+    "read_world_size_record",
     "record_epoch",
+    "record_world_size",
     "resume",
 ]

@@ -35,9 +35,10 @@ from concurrent.futures import ThreadPoolExecutor
 import attrs
 
 from ckpt.application.bounded import call_within
-from ckpt.application.rulebook import as_rule
+from ckpt.application.rulebook import as_rule, with_recorded_world_size
 from ckpt.application.verify import resolve_verified
 from ckpt.application.watcher import Watcher
+from ckpt.application.world_size_record import record_world_size, recorded_world_size
 from ckpt.domain.catchup import (
     EPOCH_RECORD,
     CatchUpPlan,
@@ -63,6 +64,7 @@ __all__ = [
     "is_vanished_save",
     "read_epoch_record",
     "record_epoch",
+    "record_world_size",
     "resume",
 ]
 
@@ -173,6 +175,10 @@ def catch_up(
     configured or a plugin's). ``settle`` (default: the rule's settle time for the sidecar's default interval,
     :data:`DEFAULT_SETTLE`; 10 s for ``hf``, 0 for ``dcp``) is how long a save's listing must stay unchanged
     before it is published; the whole catch-up waits at most that long after its first scan.
+
+    Each target's saves are judged with the world size its folder records (``.ckpt-world-size``, read for
+    the targets only and only when the rule has a world size); ``world_size`` is for folders that record
+    none, and one that records another is ``InvalidError`` (``ckpt.application.rulebook`` rule 6).
     Store errors propagate.
     """
     validate_attempt(attempt)
@@ -181,10 +187,12 @@ def catch_up(
     plan = plan_catch_up(
         attempt, epoch, _records(store, attempt), store.entries(), longest_name=longest_save_name(rule)
     )
+    if hasattr(rule, "world_size"):
+        plan = plan.sized({t.attempt: recorded_world_size(store, t.attempt) for t in plan.targets})
     watchers = [
         Watcher(
             store,
-            rule,
+            with_recorded_world_size(rule, target.world_size, store.exec_dir(target.attempt)),
             store.exec_dir(target.attempt),
             target.epoch,
             interval=settle or 1.0,
@@ -292,11 +300,17 @@ def resume(
     catch_up_first: bool = True,
     scan_timeout: float | None = DEFAULT_SCAN_TIMEOUT,
     world_size: int | None = None,
+    run_world_size: int | None = None,
 ) -> Resumed:
     """Record this execution's epoch, catch up earlier executions, and resolve (verified).
 
-    ``catch_up_first=False`` skips the catch-up (and the record) and is a plain verified resolve. The record,
-    like every scan of the catch-up, is bounded by ``scan_timeout`` (``ScanTimeoutError``).
+    ``world_size`` is the size of the run that wrote the saves, for folders that record none (an explicit
+    one that conflicts with a folder's record is ``InvalidError``); ``run_world_size`` is this run's own
+    size, recorded beside the epoch when known (``ckpt.application.world_size_record`` rule 1: the
+    integrations know it, ``ckpt resume`` does not).
+
+    ``catch_up_first=False`` skips the catch-up (and the records) and is a plain verified resolve. The
+    records, like every scan of the catch-up, are bounded by ``scan_timeout`` (``ScanTimeoutError``).
 
     First of all, an attempt whose folder is too long for the rule's longest save name is ``InvalidError``
     (``ckpt.domain.room``): this execution could publish none of the saves it is about to make.
@@ -311,6 +325,14 @@ def resume(
             what=f"recording the epoch in {store.exec_dir(attempt)}",
             thread_name="ckpt-epoch-record",
         )
+        if run_world_size is not None:
+            size = run_world_size
+            call_within(
+                lambda: record_world_size(store, attempt, size),
+                scan_timeout,
+                what=f"recording the world size in {store.exec_dir(attempt)}",
+                thread_name="ckpt-world-size-record",
+            )
         caught = catch_up(
             store, rule, attempt=attempt, epoch=epoch, settle=settle, scan_timeout=scan_timeout
         )

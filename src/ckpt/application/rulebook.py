@@ -23,6 +23,12 @@ Rules:
    rule that has no ``world_size`` does not use one (as with :func:`find_rule`). So
    ``resolve_verified(store, find_rule("hf"), world_size=2)`` judges exactly as
    ``find_rule("hf", world_size=2)`` does.
+6. A rule and an execution folder's recorded world size (:func:`with_recorded_world_size`: catch-up of a
+   target, verified resolve of an entry, ``ckpt.application.world_size_record``): the record is how many
+   processes wrote the saves there, so a rule without a world size judges that folder's saves with it; an
+   explicit world size (``--world-size``, ``world_size=``, a rule built with one) and the record must agree:
+   a conflict is ``InvalidError`` naming the folder, the record and both sizes (neither silently wins: a
+   wrong explicit size would accept torn saves or reject every whole one); no record leaves the rule as is.
 """
 
 from __future__ import annotations
@@ -41,7 +47,15 @@ if TYPE_CHECKING:
 
     from ckpt.domain.rules.custom import CustomRule
 
-__all__ = ["PLUGIN_GROUP", "as_rule", "find_rule", "known_rules", "plugin_names", "with_world_size"]
+__all__ = [
+    "PLUGIN_GROUP",
+    "as_rule",
+    "find_rule",
+    "known_rules",
+    "plugin_names",
+    "with_recorded_world_size",
+    "with_world_size",
+]
 
 PLUGIN_GROUP = "ckpt.frameworks"
 _RULE_MEMBERS = ("name", "pattern", "saves", "needs", "judge", "settle_time")
@@ -143,3 +157,16 @@ def with_world_size(rule: Rule, world_size: int | None) -> Rule:
         )
     built: Rule = attrs.evolve(cast("Any", rule), world_size=world_size)
     return built
+
+
+def with_recorded_world_size(rule: Rule, recorded: int | None, folder: str) -> Rule:
+    """``rule`` judging the saves of the execution folder ``folder``, which records ``recorded`` (rule 6)."""
+    if recorded is None or not hasattr(rule, "world_size"):
+        return rule
+    has = rule.world_size
+    if has is not None and has != recorded:
+        raise InvalidError(
+            f"{folder} records a world size of {recorded} (.ckpt-world-size: the processes that wrote its "
+            f"saves), and a world size of {has} was given: give none to use the record, or the recorded one"
+        )
+    return with_world_size(rule, recorded)

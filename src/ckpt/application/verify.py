@@ -22,7 +22,8 @@ from collections.abc import Iterable
 import attrs
 
 from ckpt.application.inspection import judge, saves_reader
-from ckpt.application.rulebook import as_rule
+from ckpt.application.rulebook import as_rule, with_recorded_world_size
+from ckpt.application.world_size_record import execution_of, recorded_world_size
 from ckpt.domain.arguments import require_instance
 from ckpt.domain.entries import Entry
 from ckpt.domain.frameworks import (
@@ -154,6 +155,10 @@ def resolve_verified(
 
     ``world_size`` is the number of processes that *wrote* the saves (``None``: unknown, no per-rank check);
     for ``hf`` above 1 every ``rng_state_<i>.pth`` must be present and complete, as the watcher requires.
+    A save inside ``exec/<attempt>/`` is judged with the world size that folder records
+    (``.ckpt-world-size``, read once per folder judged, only for rules with a world size); ``world_size``
+    then serves the folders that record none, and a folder recording another is ``InvalidError``
+    (``ckpt.application.rulebook`` rule 6).
 
     The usual case costs one ``resolve``, the newest save's markers and one reading of the prune journals
     (one listing on S3 when there are none): when the greatest entry passes, the log is not read again. An
@@ -171,9 +176,19 @@ def resolve_verified(
     if newest is None:
         return Verified(None, ())
     removing: list[Removing] = []  # read once, when the first save passes the rule
+    rules: dict[str, Rule] = {}  # the rule for each execution folder judged, with its recorded world size
+
+    def rule_for(entry: Entry) -> Rule:
+        attempt = execution_of(entry.save)
+        if attempt is None or not hasattr(rule, "world_size"):
+            return rule
+        if attempt not in rules:
+            recorded = recorded_world_size(store, attempt)
+            rules[attempt] = with_recorded_world_size(rule, recorded, store.exec_dir(attempt))
+        return rules[attempt]
 
     def why_not(entry: Entry) -> str | None:
-        reason = _why_not(store, rule, entry)
+        reason = _why_not(store, rule_for(entry), entry)
         if reason is not None:
             return reason
         if not removing:

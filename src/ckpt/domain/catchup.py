@@ -24,6 +24,12 @@ Rules:
    epoch: every entry point now refuses to start in such a folder, so only an older release (or a trainer
    run without ``ckpt``) leaves one behind, and publishing its saves fails, which would end every later
    catch-up with it.
+7. An execution's *world size* (how many processes wrote its saves) comes from its *world-size record*,
+   ``exec/<attempt>/.ckpt-world-size``, the size in decimal and a newline, written beside the epoch record
+   by the writers that know it (``ckpt watch`` with a world size, the in-process publishers). A target
+   carries it, so its saves are judged by the size of the run that wrote them, not the size of the run
+   catching up; without a record (an older release, a writer that did not know it) it is unknown. Only the
+   targets' records are read: a folder passed over costs nothing more.
 
 Why it is safe: a caught-up save is published at its own execution's epoch, which is at most the current
 epoch (rule 3), so once the current execution publishes anything, that wins; and an older epoch can never
@@ -41,19 +47,24 @@ import attrs
 
 from ckpt.domain.entries import EXEC_DIR_NAME, Entry, parse_epoch
 from ckpt.domain.errors import InvalidError, MalformedError
+from ckpt.domain.frameworks import validate_world_size
 from ckpt.domain.room import SHORTEST_NAME, room_problem
 
 __all__ = [
     "EPOCH_RECORD",
+    "WORLD_SIZE_RECORD",
     "CatchUpPlan",
     "CatchUpTarget",
     "PassedExecution",
     "format_epoch_record",
+    "format_world_size_record",
     "parse_epoch_record",
+    "parse_world_size_record",
     "plan_catch_up",
 ]
 
 EPOCH_RECORD = ".ckpt-epoch"
+WORLD_SIZE_RECORD = ".ckpt-world-size"
 
 
 def format_epoch_record(epoch: int) -> bytes:
@@ -83,12 +94,45 @@ def parse_epoch_record(data: bytes) -> int:
     return epoch
 
 
+def format_world_size_record(world_size: int) -> bytes:
+    """The content of a world-size record (rule 7): the world size in decimal and a newline.
+
+    >>> format_world_size_record(2)
+    b'2\\n'
+    """
+    return f"{validate_world_size(world_size)}\n".encode()
+
+
+def parse_world_size_record(data: bytes) -> int:
+    """Parse a world-size record; ``MalformedError`` unless it is exactly what
+    :func:`format_world_size_record` writes (1 to 2**31 - 1, no sign, no leading zero, one newline).
+
+    >>> parse_world_size_record(b"2\\n")
+    2
+    """
+    shown = repr(data[:40])
+    text = data[:-1] if data.endswith(b"\n") else b""
+    if not text or len(text) > 10 or not text.isdigit():  # ASCII digits only (bytes); 2**31 - 1 has 10
+        raise MalformedError(
+            f"world-size record {shown} is not a decimal world size and a newline", value=shown
+        )
+    try:
+        world_size = validate_world_size(int(text))
+    except InvalidError as exc:
+        raise MalformedError(f"world-size record {shown}: {exc}", value=shown) from exc
+    if format_world_size_record(world_size) != data:
+        raise MalformedError(f"world-size record {shown} is not in canonical form", value=shown)
+    return world_size
+
+
 @attrs.frozen
 class CatchUpTarget:
-    """An execution folder to publish the complete saves of, and the epoch to publish them at."""
+    """An execution folder to publish the complete saves of, the epoch to publish them at, and the world
+    size of the run that wrote them (``None``: unknown, rule 7)."""
 
     attempt: str
     epoch: int
+    world_size: int | None = None
 
 
 @attrs.frozen
@@ -105,6 +149,16 @@ class CatchUpPlan:
 
     targets: tuple[CatchUpTarget, ...]
     passed: tuple[PassedExecution, ...]
+
+    def sized(self, world_sizes: Mapping[str, int | None]) -> CatchUpPlan:
+        """This plan with each target's world size from ``world_sizes`` (attempt -> record; rule 7).
+
+        >>> plan = CatchUpPlan((CatchUpTarget("a", 1), CatchUpTarget("b", 2)), ())
+        >>> [t.world_size for t in plan.sized({"a": 2}).targets]
+        [2, None]
+        """
+        targets = tuple(attrs.evolve(t, world_size=world_sizes.get(t.attempt)) for t in self.targets)
+        return attrs.evolve(self, targets=targets)
 
 
 def _entry_epochs(entries: Iterable[Entry]) -> tuple[dict[str, int], int | None]:
@@ -130,11 +184,12 @@ def plan_catch_up(
     *,
     longest_name: str = SHORTEST_NAME,
 ) -> CatchUpPlan:
-    """Decide which execution folders a catch-up looks into, at which epoch (rules 1-6).
+    """Decide which execution folders a catch-up looks into, at which epoch (rules 1-7).
 
     ``attempt`` and ``epoch`` are the current execution's; ``records`` maps every execution folder under
     ``exec/`` to the epoch its record holds (``None``: no readable record); ``entries`` are those published;
-    ``longest_name`` is the rule's longest save name (rule 6).
+    ``longest_name`` is the rule's longest save name (rule 6). Targets come back with no world size: the
+    caller reads the records of the targets only (rule 7) and fills them in (:meth:`CatchUpPlan.sized`).
 
     >>> plan = plan_catch_up("c", 3, {"a": 1, "b": 2, "c": 3, "d": None}, [])
     >>> [(t.attempt, t.epoch) for t in plan.targets]
