@@ -32,8 +32,10 @@ Rules:
    ``metrics`` extra); an address that cannot be bound fails the command (exit 1).
 8. Watching ``exec_dir`` of an attempt (not ``--saves``), the sidecar first records the execution's epoch in
    ``exec/<attempt>/.ckpt-epoch`` (spec/layout.md §8), so that a catch-up at the next start knows the epoch
-   of an execution that died before it published anything, within the scan timeout. A record that cannot
-   be written is a warning: publishing is the sidecar's job, the record only helps the catch-up.
+   of an execution that died before it published anything, within the scan timeout; with a world size
+   (``--world-size`` or ``WORLD_SIZE``) it records that too, in ``exec/<attempt>/.ckpt-world-size``
+   (spec/layout.md §8.5), so that the catch-up and verified resolve judge the saves by it. A record that
+   cannot be written is a warning: publishing is the sidecar's job, the records only help the catch-up.
 9. A saves folder too long for the rule's longest save name (``ckpt.domain.room``, spec/names.md §4.5:
    ``<folder>/checkpoint-18446744073709551615`` for ``hf`` must fit in the 133 bytes of save path an entry
    name carries) is an ``InvalidError`` at start-up, before the epoch record: its saves would fail at their
@@ -197,11 +199,14 @@ def _attempt(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None
     return args.attempt if getattr(args, "attempt", None) is not None else environ.get("DISPATCH_ATTEMPT")
 
 
-def _record_epoch(store: WatchStore, attempt: str, epoch: int, timeout: float) -> None:
-    """Rule 8: record this execution's epoch, within the scan timeout; a failure is a warning, never the end
-    of the sidecar (a store that stopped answering ends it at the first scan instead, rule 4)."""
+def _record_epoch(
+    store: WatchStore, attempt: str, epoch: int, timeout: float, world_size: int | None = None
+) -> None:
+    """Rule 8: record this execution's epoch (and world size, when known), within the scan timeout; a
+    failure is a warning, never the end of the sidecar (a store that stopped answering ends it at the first
+    scan instead, rule 4)."""
     from ckpt.application.bounded import call_within
-    from ckpt.application.catchup import record_epoch
+    from ckpt.application.catchup import record_epoch, record_world_size
     from ckpt.domain.errors import CkptError
 
     try:
@@ -213,6 +218,18 @@ def _record_epoch(store: WatchStore, attempt: str, epoch: int, timeout: float) -
         )
     except CkptError as exc:
         _log.warning("cannot record epoch %d in %s: %s", epoch, store.exec_dir(attempt), exc)
+    if world_size is None:
+        return
+    size = world_size
+    try:
+        call_within(
+            lambda: record_world_size(store, attempt, size),
+            timeout,
+            what=f"recording the world size in {store.exec_dir(attempt)}",
+            thread_name="ckpt-world-size-record",
+        )
+    except CkptError as exc:
+        _log.warning("cannot record world size %d in %s: %s", size, store.exec_dir(attempt), exc)
 
 
 def _epoch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -313,7 +330,7 @@ def run(
     endpoint = _metrics_endpoint(args)
     attempt = _attempt(args, env)
     if attempt is not None:
-        _record_epoch(store, attempt, epoch, scan_timeout)
+        _record_epoch(store, attempt, epoch, scan_timeout, world_size)
 
     def published(entry: Entry) -> None:
         # The entry's fields go in as structured fields: the text format prints them as key=value, the

@@ -15,7 +15,11 @@ Rules (docs/adr/0010-in-process-publish-policy.md says why):
    sidecar. Only an ``InvalidError`` (a save outside the root: a configuration mistake that no retry mends)
    is raised.
 4. The main process records the execution's epoch (``exec/<attempt>/.ckpt-epoch``) when the publisher is
-   made, so that a later catch-up knows it even if this execution dies before its first publication.
+   made, so that a later catch-up knows it even if this execution dies before its first publication, and
+   beside it the run's world size (``exec/<attempt>/.ckpt-world-size``: the job's ``world_size``, from
+   ``world_size=`` or ``WORLD_SIZE``, else ``torch.distributed``'s when initialised, else unknown and not
+   recorded), so that a later catch-up and verified resolve judge its saves by the processes that wrote
+   them (spec/layout.md §8.5). ``resume_location`` records both too, before its catch-up.
 5. A job whose execution folder is too long for the longest name of the saves an integration makes there
    (``ckpt.domain.room``, spec/names.md §4.5) is an ``InvalidError`` when the integration is constructed
    (:meth:`Job.require_room`) and when ``resume_location`` is called, on every rank alike, before any save,
@@ -42,7 +46,7 @@ from ckpt.application.rulebook import as_rule, find_rule
 from ckpt.catchup import is_vanished_save
 from ckpt.domain.entries import Entry, exec_save_prefix, parse_epoch, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, NotFoundError
-from ckpt.domain.frameworks import Framework, validate_world_size
+from ckpt.domain.frameworks import Framework, parse_world_size, validate_world_size
 from ckpt.domain.ports import SyncsSaves
 from ckpt.domain.room import longest_name, require_room, require_rule_room
 
@@ -65,11 +69,22 @@ _log = logging.getLogger("ckpt.integrations")
 
 @attrs.frozen
 class Job:
-    """One execution of a training job: its store, epoch and attempt (the folder it saves into)."""
+    """One execution of a training job: its store, epoch and attempt (the folder it saves into), and how
+    many processes it runs (``None``: ask ``torch.distributed`` when recording, rule 4)."""
 
     store: WatchStore = attrs.field(eq=False)
     epoch: int
     attempt: str
+    world_size: int | None = None
+
+    def run_world_size(self) -> int | None:
+        """This run's world size (rule 4): ``world_size``, else ``torch.distributed``'s, else ``None``."""
+        if self.world_size is not None:
+            return self.world_size
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        return validate_world_size(int(dist.get_world_size()))
 
     @property
     def saves_location(self) -> str:
@@ -92,12 +107,20 @@ def open_job(
     config: str | None = None,
     environ: Mapping[str, str] | None = None,
     store: WatchStore | None = None,
+    world_size: int | None = None,
 ) -> Job:
     """Gather the job's settings (rule 1) and open its store; ``InvalidError`` names what is missing.
 
-    ``store`` replaces ``root``/``config`` (for tests with ``ckpt.testing.InMemoryStore``).
+    ``store`` replaces ``root``/``config`` (for tests with ``ckpt.testing.InMemoryStore``). ``world_size``
+    (else ``WORLD_SIZE`` when set and non-empty) is this run's number of processes, recorded (rule 4).
     """
     env = os.environ if environ is None else environ
+    size = None if world_size is None else validate_world_size(world_size)
+    if size is None and env.get("WORLD_SIZE"):
+        try:
+            size = parse_world_size(env["WORLD_SIZE"])
+        except InvalidError as exc:
+            raise InvalidError(f"WORLD_SIZE in the environment: {exc}") from exc
     if epoch is None:
         epoch = env.get("DISPATCH_EPOCH")
     if epoch is None:
@@ -124,7 +147,7 @@ def open_job(
                 "no checkpoint root: pass root=, set CKPT_ROOT, or set root in the config file"
             )
         store = open_store(str(root), config=loaded, environ=env)
-    return Job(store, number, attempt)
+    return Job(store, number, attempt, size)
 
 
 def distributed() -> Any | None:
@@ -181,10 +204,13 @@ class Publisher:
         return f"Publisher({self.job.store!r}, epoch={self.job.epoch}, attempt={self.job.attempt!r})"
 
     def _record_epoch(self) -> None:
-        from ckpt.catchup import record_epoch
+        from ckpt.catchup import record_epoch, record_world_size
 
         try:
             record_epoch(self.job.store, self.job.attempt, self.job.epoch)
+            size = self.job.run_world_size()
+            if size is not None:
+                record_world_size(self.job.store, self.job.attempt, size)
         except CkptError as exc:
             if isinstance(exc, InvalidError | NotFoundError):
                 raise  # a configuration mistake (no such root): say so now, not at the first save
@@ -261,7 +287,9 @@ def resume_location(
 
     ``framework`` is a :class:`Framework`, a rule, or a rule's name (``find_rule``: any built-in rule or a
     plugin's; a configured rule is passed as the rule object). ``world_size`` is the number of processes
-    that wrote the saves (``None``: unknown), given to the rule as ``ckpt.application.rulebook`` rule 5 says.
+    that wrote the saves (``None``: unknown), given to the rule as ``ckpt.application.rulebook`` rule 5 says;
+    it is rarely needed: a save in an execution folder that records its world size is judged by that record
+    (rule 4), and a ``world_size`` that conflicts with a record is ``InvalidError``.
     ``settings`` are :func:`open_job`'s (``root``, ``epoch``, ``attempt``, ``config``, ``environ``,
     ``store``) unless ``job`` is given. With ``torch.distributed`` initialised, only rank 0 reads and
     publishes, and every rank gets its answer (rule 6). An execution folder too long for the framework's
@@ -282,6 +310,7 @@ def resume_location(
             epoch=the_job.epoch,
             settle=settle,
             catch_up_first=catch_up,
+            run_world_size=the_job.run_world_size(),
         )
         return resumed.location
 
