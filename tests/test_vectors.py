@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ckpt.domain.catchup import format_world_size_record, parse_world_size_record
 from ckpt.domain.entries import (
     Entry,
     parse_epoch,
@@ -59,6 +60,7 @@ VECTOR_FILES = (
     "decision",
     "removing",
     "s3_roots",
+    "world_size_record",
 )
 CASE_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
@@ -176,7 +178,11 @@ class TestVectorFiles:
         assert duplicates == []
 
     @pytest.mark.parametrize(
-        "stem", ["names", "numbers", "saves", "attempts", "prune", "journal", "decision", "s3_roots"]
+        "stem",
+        [
+            *("names", "numbers", "saves", "attempts", "prune", "journal", "decision", "s3_roots"),
+            "world_size_record",
+        ],
     )
     def test_invalid_cases_carry_a_reason_and_a_note(self, stem: str) -> None:
         """Every invalid case has a kebab-case reason code and a human note."""
@@ -411,6 +417,30 @@ class TestAttempts:
         """An invalid attempt raises InvalidError."""
         with pytest.raises(InvalidError):
             validate_attempt(text_of(case, "attempt"))
+
+
+class TestWorldSizeRecords:
+    """``parse_world_size_record`` and ``format_world_size_record`` on ``world_size_record.json``."""
+
+    @pytest.mark.parametrize("case", cases("world_size_record", valid=True))
+    def test_valid(self, case: Case) -> None:
+        """A valid record parses to its world size, and formatting that size gives the same bytes back."""
+        data = bytes_of(case, "content")
+        assert parse_world_size_record(data) == case["world_size"]
+        assert format_world_size_record(case["world_size"]) == data
+
+    @pytest.mark.parametrize("case", cases("world_size_record", valid=False))
+    def test_invalid(self, case: Case) -> None:
+        """A malformed record is MalformedError (a reader then treats the world size as unknown)."""
+        with pytest.raises(MalformedError):
+            parse_world_size_record(bytes_of(case, "content"))
+
+    @pytest.mark.parametrize("case", cases("world_size_record", valid=True, known_bugs=False))
+    def test_valid_case_is_the_independent_encoding(self, case: Case) -> None:
+        """A valid case is the world size in plain decimal and a newline, in range (no ckpt code)."""
+        assert isinstance(case["world_size"], int)
+        assert 1 <= case["world_size"] <= 2**31 - 1
+        assert bytes_of(case, "content") == f"{case['world_size']}\n".encode("ascii")
 
 
 class TestOrder:

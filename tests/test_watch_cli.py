@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ckpt.adapters.posix import PosixStore
-from ckpt.domain.catchup import EPOCH_RECORD
+from ckpt.domain.catchup import EPOCH_RECORD, WORLD_SIZE_RECORD
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.saves import MAX_READ_BYTES
 from support import module_command, subprocess_env
@@ -254,6 +254,17 @@ class TestEpochRecord:
         result = ckpt(root, "watch", "--framework", "hf", "--once", "--settle", "0")
         assert result.returncode == 0, result.stderr
         assert (root / "exec" / ATTEMPT / EPOCH_RECORD).read_bytes() == f"{EPOCH}\n".encode()
+
+    def test_watching_with_a_world_size_records_it_beside_the_epoch(self, root: Path) -> None:
+        """--world-size 2: exec/<attempt>/.ckpt-world-size holds 2 (spec/layout.md §8.5); without a world
+        size (no --world-size, no WORLD_SIZE) none is written: unknown stays unknown."""
+        env = {k: v for k, v in environment().items() if k != "WORLD_SIZE"}
+        assert ckpt(root, "watch", "--framework", "dcp", "--once", env=env).returncode == 0
+        assert not (root / "exec" / ATTEMPT / WORLD_SIZE_RECORD).exists()
+        args = ("--framework", "hf", "--once", "--settle", "0", "--world-size", "2")
+        result = ckpt(root, "watch", *args, env=env)
+        assert result.returncode == 0, result.stderr
+        assert (root / "exec" / ATTEMPT / WORLD_SIZE_RECORD).read_bytes() == b"2\n"
 
     def test_a_lower_record_is_kept(self, root: Path) -> None:
         """A folder that already records a lower epoch keeps it: that is the safe epoch for its saves."""
