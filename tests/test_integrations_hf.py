@@ -17,7 +17,7 @@ from ckpt.adapters.posix import PosixStore
 from ckpt.application.verify import resolve_verified
 from ckpt.domain.frameworks import Framework
 from ckpt.integrations.core import Publisher, open_job
-from support.integ_launch import TESTS, free_port, run_ranks
+from support.integ_launch import TESTS, free_port, run_killed_ranks, run_ranks
 
 pytestmark = [
     pytest.mark.frameworks,
@@ -83,6 +83,33 @@ class TestTwoRanks:
         verified = resolve_verified(store, Framework.HF)
         assert verified.entry is not None
         assert (verified.entry.epoch, verified.entry.step) == (20, 7)
+
+
+class TestRecordedWorldSize:
+    def test_resume_location_passes_over_a_save_missing_rank_1s_rng_state(self, tmp_path: Path) -> None:
+        """Issue 20, case 5: a 2-process run dies at its step-4 save with rank 1's RNG state never written
+        (rank 0's part whole, trainer_state.json too). Its publisher recorded the world size 2 beside the
+        epoch, so the next start's resume_location(args), given no world size, judges checkpoint-4 by it:
+        not caught up, and every rank resumes from checkpoint-2 (without the record it resumed from 4)."""
+        pytest.importorskip("transformers")
+        root = tmp_path / "root"
+        root.mkdir()
+        env = {"CKPT_ROOT": str(root), "DISPATCH_EPOCH": "10", "DISPATCH_ATTEMPT": "a"}
+        args = ["--out", str(tmp_path / "a.json"), "--max-steps", "8", "--kill-at", "4:rank1-without-rng"]
+        run_killed_ranks("support.integ_hf_run", args, world_size=2, env=env, killed=0, logs=tmp_path / "a")
+        cut = root / "exec" / "a" / "checkpoint-4"
+        assert (cut / "trainer_state.json").exists()
+        assert (cut / "rng_state_0.pth").exists()
+        assert not (cut / "rng_state_1.pth").exists()
+        assert (root / "exec" / "a" / ".ckpt-world-size").read_bytes() == b"2\n"
+        store = PosixStore(str(root))
+        assert [e.step for e in store.entries()] == [2]
+
+        second = run(root, "b", 20, tmp_path / "b.json", "--max-steps", "4")
+        assert second["resumed_from"] == str(root / "exec" / "a" / "checkpoint-2")
+        assert second["first_step"] == 3
+        assert [(e.epoch, e.step) for e in store.entries()] == [(10, 2), (20, 4)]
+        assert (root / "exec" / "b" / ".ckpt-world-size").read_bytes() == b"2\n"
 
 
 def _complete(save: Path) -> bool:

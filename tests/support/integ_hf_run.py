@@ -5,7 +5,10 @@ Run as ``python -m support.integ_hf_run --out FILE --max-steps N [--slow-rank R 
 launcher's variables set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and
 the job's (``CKPT_ROOT``, ``DISPATCH_EPOCH``, ``DISPATCH_ATTEMPT``). ``--kill-at`` SIGKILLs the process at
 that step's save: after its RNG state and before ``trainer_state.json``, or in ``on_save`` just before
-``CkptCallback`` (the save whole, not yet published).
+``CkptCallback`` (the save whole, not yet published). ``STEP:rank1-without-rng`` cuts one rank short at that
+step's save: rank 1 stops just before writing its RNG state and waits there (never writing it), and rank 0,
+its part whole, SIGKILLs itself in ``on_save`` before the publication: the launcher then kills rank 1, and the
+save lacks ``rng_state_1.pth`` whatever the timing.
 Rank ``R`` sleeps before writing its RNG state, the last file of its part of every save, so it is still
 writing after the main process has finished its part. The main process writes ``FILE``: JSON with, for each
 publication, the save's files and sizes at that moment; where it resumed from; the first step it trained.
@@ -51,8 +54,12 @@ class SlowRankTrainer(Trainer):
     slow_rank = -1
     slow_seconds = 0.0
     kill_before_state_at = -1
+    stall_before_rng_at = -1
 
     def _save_rng_state(self, output_dir: str) -> None:
+        if self.state.global_step == self.stall_before_rng_at:
+            while True:  # this rank never writes its RNG state; the launcher kills it
+                time.sleep(1)
         if self.args.process_index == self.slow_rank:
             time.sleep(self.slow_seconds)
         super()._save_rng_state(output_dir)
@@ -102,7 +109,9 @@ def main() -> None:
     parser.add_argument("--slow-seconds", type=float, default=0.0)
     parser.add_argument("--resume", default="auto")
     parser.add_argument("--jit-at-step", type=int, default=-1, help="save and stop there as a SIGTERM would")
-    parser.add_argument("--kill-at", default="", help="STEP:before-state or STEP:before-publish (SIGKILL)")
+    parser.add_argument(
+        "--kill-at", default="", help="STEP:before-state, STEP:before-publish or STEP:rank1-without-rng"
+    )
     options = parser.parse_args()
 
     published: list[dict[str, Any]] = []
@@ -139,7 +148,7 @@ def main() -> None:
     jit = JitSave()
     killer = KillBeforePublish()
     kill_step, _, kill_where = options.kill_at.partition(":")
-    if kill_where == "before-publish":
+    if kill_where == "before-publish" or (kill_where == "rank1-without-rng" and args.process_index != 1):
         killer.step = int(kill_step)
     trainer = SlowRankTrainer(
         model=TinyRegressor(), args=args, train_dataset=Numbers(), callbacks=[killer, callback, first, jit]
@@ -148,6 +157,8 @@ def main() -> None:
     trainer.slow_seconds = options.slow_seconds
     if kill_where == "before-state":
         trainer.kill_before_state_at = int(kill_step)
+    if kill_where == "rank1-without-rng" and args.process_index == 1:
+        trainer.stall_before_rng_at = int(kill_step)
     jit.trainer = trainer
     jit.step = options.jit_at_step
     trainer.train(resume_from_checkpoint=resume_from)
