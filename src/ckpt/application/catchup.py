@@ -9,13 +9,15 @@ it does no I/O of its own, so it runs the same on every store:
    records a lower epoch keeps it (the lower epoch is the safe one to publish its saves at). The record is
    written through the store's :class:`~ckpt.domain.ports.WritesSmallFiles` capability (POSIX: an atomic,
    fsynced rename; S3: one ``PutObject``; the in-memory fake); a store without it keeps no record, and
-   catch-up there learns an execution's epoch from its published entries only.
+   catch-up there learns an execution's epoch from its published entries only. With this run's size known
+   (``run_world_size``), :func:`record_world_size` writes ``exec/<attempt>/.ckpt-world-size`` beside it
+   (``ckpt.application.world_size_record``).
 2. :func:`catch_up` lists ``exec/``, reads each folder's record, plans with
    :func:`~ckpt.domain.catchup.plan_catch_up`, and runs one :class:`~ckpt.application.watcher.Watcher`
-   per target at
-   the target's epoch, as ``ckpt watch --once`` does: one scan, then at most the settle time for saves whose
-   markers are complete to settle (the writer may be a zombie still writing). The watchers run side by side,
-   so a catch-up takes at most one settle time however many folders it looks into.
+   per target at the target's epoch, judging with the world size the target's folder records, as
+   ``ckpt watch --once`` does: one scan, then at most the settle time for saves whose markers are complete
+   to settle (the writer may be a zombie still writing). The watchers run side by side, so a catch-up takes
+   at most one settle time however many folders it looks into.
 3. :func:`resume` then resolves, verified against the framework's rule. Before anything else it refuses an
    attempt whose folder is too long for the rule's longest save name (``ckpt.domain.room``).
 4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Lightning, Accelerate):

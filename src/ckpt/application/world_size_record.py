@@ -1,6 +1,6 @@
 """The world-size record of an execution: how many processes wrote the saves in ``exec/<attempt>``.
 
-Rules (spec/layout.md §8.5-§8.8, spec/watcher.md §2.5b, §6.7, §7.2):
+Rules (spec/layout.md §8.5-§8.8, spec/watcher.md §2.5b, §6.7, §7.9):
 
 1. The record is the file ``exec/<attempt>/.ckpt-world-size`` (``ckpt.domain.catchup`` rule 7), written
    beside the epoch record by the writers that know the size of the run: ``ckpt watch`` of an attempt with a
