@@ -224,8 +224,9 @@ class TestCost:
     @pytest.mark.parametrize(
         ("case", "expected"),
         [
-            # hf: the sentinel, trainer_state.json's head; then the prune journals: nothing more.
-            ("hf", ["HeadObject", "GetObject", "ListObjectsV2"]),
+            # hf: its folder's world-size record (watcher.md §6.7), the sentinel, trainer_state.json's head;
+            # then the prune journals: nothing more.
+            ("hf", ["GetObject", "HeadObject", "GetObject", "ListObjectsV2"]),
             # orbax: commit_success.txt inside the folder already shows it holds a file.
             ("orbax", ["HeadObject", "ListObjectsV2"]),
             # nemo, a folder: the marker beside it, then (new) the folder's listing, then the journals.

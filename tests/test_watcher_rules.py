@@ -20,6 +20,7 @@ from ckpt.adapters.s3 import S3Store
 from ckpt.application.rulebook import find_rule
 from ckpt.application.verify import resolve_verified
 from ckpt.application.watcher import Watcher
+from ckpt.domain.catchup import WORLD_SIZE_RECORD
 from ckpt.domain.rules import BUILTIN, TAIL_BYTES, parse_custom_rules
 from support.rule_layouts import inner_zip_cut, torch_zip, zeroed_zip, zip_bytes
 from support.s3 import RequestLog, new_bucket_name, raw_client
@@ -233,7 +234,8 @@ class TestZipEndThroughTheWatcher:
 
         def record(request: Any, **_: Any) -> None:
             name = unquote(request.url.rpartition("/")[2])
-            ranges.setdefault(name, []).append(request.headers["Range"].decode())
+            if name != WORLD_SIZE_RECORD:  # read whole, once, by the verified resolve (watcher.md §6.7)
+                ranges.setdefault(name, []).append(request.headers["Range"].decode())
 
         client.meta.events.register_first("before-send.s3.GetObject", record)
         self._scan(store, saves)
