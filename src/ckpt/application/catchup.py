@@ -15,7 +15,8 @@ it does no I/O of its own, so it runs the same on every store:
    per target at
    the target's epoch, as ``ckpt watch --once`` does: one scan, then at most the settle time for saves whose
    markers are complete to settle (the writer may be a zombie still writing). The watchers run side by side,
-   so a catch-up takes at most one settle time however many folders it looks into.
+   so a catch-up takes at most one settle time however many folders it looks into. With a saves
+   ``sub_folder`` (``ckpt.domain.catchup`` rule 7) each watcher watches ``exec/<attempt>/<sub_folder>``.
 3. :func:`resume` then resolves, verified against the framework's rule. Before anything else it refuses an
    attempt whose folder is too long for the rule's longest save name (``ckpt.domain.room``).
 4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Lightning, Accelerate):
@@ -42,11 +43,12 @@ from ckpt.domain.catchup import (
     EPOCH_RECORD,
     CatchUpPlan,
     PassedExecution,
+    execution_saves,
     format_epoch_record,
     parse_epoch_record,
     plan_catch_up,
 )
-from ckpt.domain.entries import Entry, exec_save_prefix, parse_step, validate_attempt
+from ckpt.domain.entries import Entry, parse_step, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.ports import KnowsRemovals, SyncsSaves, WatchStore, WritesSmallFiles
@@ -166,6 +168,7 @@ def catch_up(
     settle: float | None = None,
     scan_timeout: float | None = DEFAULT_SCAN_TIMEOUT,
     world_size: int | None = None,
+    sub_folder: str = "",
 ) -> CaughtUp:
     """Publish every complete, unpublished save of the execution folders the plan names, at their epochs.
 
@@ -173,19 +176,25 @@ def catch_up(
     configured or a plugin's). ``settle`` (default: the rule's settle time for the sidecar's default interval,
     :data:`DEFAULT_SETTLE`; 10 s for ``hf``, 0 for ``dcp``) is how long a save's listing must stay unchanged
     before it is published; the whole catch-up waits at most that long after its first scan.
-    Store errors propagate.
+    ``sub_folder`` is where the saves lie inside every execution's folder (``ckpt.domain.catchup`` rule 7;
+    ``""``: the folder itself). Store errors propagate.
     """
     validate_attempt(attempt)
     rule = as_rule(framework, world_size)
     settle = rule.settle_time(DEFAULT_SETTLE, settle)
     plan = plan_catch_up(
-        attempt, epoch, _records(store, attempt), store.entries(), longest_name=longest_save_name(rule)
+        attempt,
+        epoch,
+        _records(store, attempt),
+        store.entries(),
+        longest_name=longest_save_name(rule),
+        sub_folder=sub_folder,
     )
     watchers = [
         Watcher(
             store,
             rule,
-            store.exec_dir(target.attempt),
+            store.location(Entry(0, 0, execution_saves(target.attempt, sub_folder))),
             target.epoch,
             interval=settle or 1.0,
             settle=settle,
@@ -268,6 +277,11 @@ def catch_up_folders(
     return CaughtUp(tuple(sorted(created)), plan.passed, plan)
 
 
+def _what(attempt: str, sub_folder: str) -> str:
+    """How a room error names the folder: the attempt, and the sub-folder when there is one."""
+    return f"attempt {attempt!r}" + (f" with saves sub-folder {sub_folder!r}" if sub_folder else "")
+
+
 @attrs.frozen
 class Resumed:
     """Where to resume from (``entry``/``location`` are ``None`` on a first run) and how it was found.
@@ -292,17 +306,21 @@ def resume(
     catch_up_first: bool = True,
     scan_timeout: float | None = DEFAULT_SCAN_TIMEOUT,
     world_size: int | None = None,
+    sub_folder: str = "",
 ) -> Resumed:
     """Record this execution's epoch, catch up earlier executions, and resolve (verified).
 
     ``catch_up_first=False`` skips the catch-up (and the record) and is a plain verified resolve. The record,
-    like every scan of the catch-up, is bounded by ``scan_timeout`` (``ScanTimeoutError``).
+    like every scan of the catch-up, is bounded by ``scan_timeout`` (``ScanTimeoutError``). ``sub_folder``
+    is where the saves lie inside every execution's folder (``ckpt.domain.catchup`` rule 7); the epoch
+    record stays in ``exec/<attempt>`` itself.
 
-    First of all, an attempt whose folder is too long for the rule's longest save name is ``InvalidError``
-    (``ckpt.domain.room``): this execution could publish none of the saves it is about to make.
+    First of all, an attempt whose saves folder is too long for the rule's longest save name is
+    ``InvalidError`` (``ckpt.domain.room``): this execution could publish none of the saves it is about to
+    make.
     """
     rule = as_rule(framework, world_size)
-    require_rule_room(exec_save_prefix(attempt), rule, what=f"attempt {attempt!r}")
+    require_rule_room(execution_saves(attempt, sub_folder), rule, what=_what(attempt, sub_folder))
     caught: CaughtUp | None = None
     if catch_up_first:
         call_within(
@@ -312,7 +330,13 @@ def resume(
             thread_name="ckpt-epoch-record",
         )
         caught = catch_up(
-            store, rule, attempt=attempt, epoch=epoch, settle=settle, scan_timeout=scan_timeout
+            store,
+            rule,
+            attempt=attempt,
+            epoch=epoch,
+            settle=settle,
+            scan_timeout=scan_timeout,
+            sub_folder=sub_folder,
         )
     verified = resolve_verified(store, rule)
     location = None if verified.entry is None else store.location(verified.entry)
