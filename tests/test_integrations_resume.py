@@ -18,12 +18,16 @@ from ckpt.domain.catchup import (
     EPOCH_RECORD,
     CatchUpTarget,
     PassedExecution,
+    attempt_of_saves,
+    execution_saves,
     format_epoch_record,
     parse_epoch_record,
+    parse_sub_folder,
     plan_catch_up,
+    sub_folder_of,
 )
 from ckpt.domain.entries import Entry
-from ckpt.domain.errors import MalformedError
+from ckpt.domain.errors import InvalidError, MalformedError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.ports import FileInfo, WatchStore
 from ckpt.testing import InMemoryStore
@@ -118,6 +122,53 @@ class TestPlanCatchUp:
         assert plan_catch_up("c", 30, {"c": 25}, []).targets == (CatchUpTarget("c", 25),)
 
 
+class TestSubFolder:
+    """Rule 7: saves in the same sub-folder of every execution folder (``exec/<attempt>/<sub-folder>``)."""
+
+    def test_the_folder_an_execution_saves_in(self) -> None:
+        """No sub-folder is the execution folder itself; a trailing '/' changes nothing."""
+        assert execution_saves("2.4102.0") == "exec/2.4102.0"
+        assert execution_saves("2.4102.0", "checkpoint/") == "exec/2.4102.0/checkpoint"
+        assert execution_saves("a", "run/ckpt") == "exec/a/run/ckpt"
+        assert parse_sub_folder("pub") == "pub"  # pub/ is special at the root only
+
+    @pytest.mark.parametrize("bad", ["/checkpoint", "../b/checkpoint", "a/./b", "a//b", "a\x00b"])
+    def test_a_sub_folder_that_is_no_clean_relative_path_is_refused(self, bad: str) -> None:
+        """An absolute, unclean or control-character sub-folder is InvalidError naming it."""
+        with pytest.raises(InvalidError, match="saves sub-folder"):
+            parse_sub_folder(bad)
+
+    def test_the_sub_folder_of_a_watch_saves_folder(self) -> None:
+        """The value watch --saves takes, inside this execution's folder, names the sub-folder."""
+        assert sub_folder_of("exec/b/checkpoint", "b") == "checkpoint"
+        assert sub_folder_of("exec/b", "b") == ""
+        for elsewhere in ("exec/a/checkpoint", "exec/bb/checkpoint", "shared/checkpoint"):
+            with pytest.raises(InvalidError, match="is not inside this execution's folder 'exec/b'"):
+                sub_folder_of(elsewhere, "b")
+
+    def test_the_execution_a_saves_folder_lies_in(self) -> None:
+        """A sidecar watching exec/<attempt>/<sub-folder> knows whose epoch to record; elsewhere, nobody's."""
+        assert attempt_of_saves("exec/a/checkpoint") == "a"
+        assert attempt_of_saves("exec/a") == "a"
+        assert attempt_of_saves("exec") is None
+        assert attempt_of_saves("shared/a/checkpoint") is None
+
+    def test_rule_6_measures_the_sub_folder(self) -> None:
+        """A folder whose longest save fits without the sub-folder but not with it is passed over."""
+        boundary = "b" * 91  # exec/<91>/step-<20 digits> is 122 bytes; with /checkpoint, 133: the limit
+        longer = "c" * 92  # 123 bytes without the sub-folder, 134 with it
+        records = {boundary: 10, longer: 10, "d": 20}
+        plan = plan_catch_up("d", 20, records, [], longest_name="step-18446744073709551615")
+        assert [t.attempt for t in plan.targets] == [boundary, longer, "d"]
+        plan = plan_catch_up(
+            "d", 20, records, [], longest_name="step-18446744073709551615", sub_folder="checkpoint"
+        )
+        assert [t.attempt for t in plan.targets] == [boundary, "d"]
+        ((passed,),) = [plan.passed]
+        assert passed.attempt == longer
+        assert f"'exec/{longer}/checkpoint/step-18446744073709551615' is 134 bytes" in passed.reason
+
+
 class TestRecordEpoch:
     def test_posix_record_is_written_and_read(self, tmp_path: Path) -> None:
         """On POSIX the record is a real file in the execution folder, created with its parents."""
@@ -190,6 +241,22 @@ class TestCatchUp:
         assert [(e.epoch, e.step) for e in caught.published] == [(10, 40)]
 
 
+    def test_saves_in_a_sub_folder(self, harness: Harness) -> None:
+        """With a sub-folder, each execution's saves are looked for there, on every store; an epoch
+        learnt from entries counts for entries inside the sub-folder too."""
+        store = harness.store()
+        put_record(harness, "a", 10)
+        harness.make_save("exec/a/checkpoint/step-40", {"__0_0.distcp": b"x", ".metadata": b"m"})
+        harness.make_save("exec/a/checkpoint/step-50", {"__0_0.distcp": b"x"})
+        store.publish(11, 5, harness.make_save("exec/n/checkpoint/step-5", {".metadata": b"m"}))
+        harness.make_save("exec/n/checkpoint/step-60", {".metadata": b"m"})
+        assert catch_up(store, Framework.DCP, attempt="b", epoch=20).published == ()  # the bug: not there
+        caught = catch_up(store, Framework.DCP, attempt="b", epoch=20, sub_folder="checkpoint")
+        published = [(e.epoch, e.step, e.save) for e in caught.published]
+        assert published == [(11, 60, "exec/n/checkpoint/step-60")]
+        assert [p.attempt for p in caught.passed] == ["a"]  # epoch 10 is older than the published 11
+
+
 class _ZombieStore:
     """A real store whose one save keeps growing: every look at its files first appends to one of them.
 
@@ -235,6 +302,23 @@ class TestResume:
         resumed = resume(store, Framework.HF, attempt="a", epoch=5, settle=0)
         assert (resumed.entry, resumed.location) == (None, None)
         assert read_epoch_record(store, "a") == 5
+
+    def test_resume_and_resume_location_take_a_sub_folder(self) -> None:
+        """The in-process path (ckpt.resume_location) catches up the same sub-folder as ckpt resume."""
+        import ckpt
+
+        store = InMemoryStore()
+        record_epoch(store, "old", 1)
+        save = store.exec_dir("old") + "/checkpoint/step-7"
+        store.write_file(save, ".metadata", b"m")
+        job = {"store": store, "epoch": 2, "attempt": "new", "environ": {}}
+        assert ckpt.resume_location("dcp", **job) is None
+        assert ckpt.resume_location("dcp", sub_folder="checkpoint", **job) == save
+        assert resume(store, Framework.DCP, attempt="new", epoch=2, sub_folder="checkpoint").location == save
+        with pytest.raises(InvalidError, match="saves sub-folder '/checkpoint'"):
+            ckpt.resume_location("dcp", sub_folder="/checkpoint", **job)
+        with pytest.raises(InvalidError, match=r"with saves sub-folder 'x{110}' is too long for dcp saves"):
+            ckpt.resume_location("dcp", sub_folder="x" * 110, **job)
 
     def test_older_epoch_never_wins_over_the_current_one(self) -> None:
         """A zombie publishing higher steps at its older epoch never becomes the place to resume from."""
@@ -442,6 +526,106 @@ class TestResumeCommand:
         result = ckpt("resume", "--framework", "hf", "--settle", "-1", env=self.env(tmp_path, "b", 20))
         assert result.returncode == 2
         assert "--settle" in result.stderr
+
+
+def dcp_save(folder: Path, *, complete: bool = True) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_bytes(b"x" * 64)
+    if complete:
+        (folder / ".metadata").write_bytes(b"m")
+    return folder
+
+
+def watch_until(env: dict[str, str], *args: str, line: str) -> list[str]:
+    """Run ``ckpt watch ARGS`` until a line of its log contains ``line``, then kill it (SIGKILL: no drain)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_"))}
+    full_env.update(env, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ckpt", "watch", *args], stderr=subprocess.PIPE, text=True, env=full_env
+    )
+    seen: list[str] = []
+    try:
+        assert process.stderr is not None
+        for text in process.stderr:  # ends when the process does: a watch that dies early fails below
+            seen.append(text)
+            if line in text:
+                break
+        else:
+            raise AssertionError(f"ckpt watch ended before logging {line!r}: {seen}")
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        if process.stderr is not None:
+            process.stderr.close()
+    return seen
+
+
+class TestResumeSavesSubFolder:
+    """Issue 20, case 7: the sidecar watches ``--saves exec/<attempt>/checkpoint`` (docs/kubernetes.md)."""
+
+    def env(self, root: Path, attempt: str, epoch: int) -> dict[str, str]:
+        return {"CKPT_ROOT": str(root), "DISPATCH_ATTEMPT": attempt, "DISPATCH_EPOCH": str(epoch)}
+
+    def test_a_save_the_killed_sidecar_never_published_is_caught_up(self, tmp_path: Path) -> None:
+        """The sidecar publishes step 20 and is killed; step 40 is written after. Without --saves, resume
+        goes back to step 20; with the sidecar's own --saves spelling it publishes step 40 at the dead
+        execution's epoch and resumes from it."""
+        older = dcp_save(tmp_path / "exec" / "a" / "checkpoint" / "step-20")
+        seen = watch_until(
+            self.env(tmp_path, "a", 10),
+            "--framework", "dcp", "--saves", "exec/a/checkpoint", "--interval", "600",
+            line="published",
+        )
+        assert any(str(older) in text for text in seen), seen
+        newest = dcp_save(tmp_path / "exec" / "a" / "checkpoint" / "step-40")
+        dcp_save(tmp_path / "exec" / "a" / "checkpoint" / "step-50", complete=False)  # still being written
+        env = self.env(tmp_path, "b", 20)
+        before = ckpt("resume", "--framework", "dcp", env=env)
+        assert (before.returncode, before.stdout) == (0, f"{older}\n"), before.stderr
+        result = ckpt("resume", "--framework", "dcp", "--saves", "exec/b/checkpoint", env=env)
+        assert (result.returncode, result.stdout) == (0, f"{newest}\n"), result.stderr
+        assert "caught up" in result.stderr
+        assert ckpt("entries", env=env).stdout.splitlines() == [f"10 20 {older}", f"10 40 {newest}"]
+
+    def test_a_sidecar_killed_before_its_first_publication_leaves_the_epoch(self, tmp_path: Path) -> None:
+        """watch --saves inside exec/<attempt>/ records that execution's epoch before its first scan, so a
+        save it never published is caught up at that epoch (the absolute spelling works as well)."""
+        watch_until(
+            self.env(tmp_path, "a", 10),
+            "--framework", "dcp", "--saves", "exec/a/checkpoint/", "--interval", "600",
+            line="watching",
+        )
+        assert (tmp_path / "exec" / "a" / EPOCH_RECORD).read_bytes() == b"10\n"
+        assert not (tmp_path / "pub").exists()
+        save = dcp_save(tmp_path / "exec" / "a" / "checkpoint" / "step-40")
+        env = self.env(tmp_path, "b", 20)
+        saves = str(tmp_path / "exec" / "b" / "checkpoint")
+        result = ckpt("--json", "resume", "--framework", "dcp", "--saves", saves, env=env)
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        assert document["location"] == str(save)
+        assert (document["entry"]["epoch"], document["entry"]["step"]) == (10, 40)
+
+    @pytest.mark.parametrize(
+        ("saves", "says"),
+        [
+            ("exec/a/checkpoint", "is not inside this execution's folder 'exec/b'"),
+            ("shared/checkpoint", "is not inside this execution's folder 'exec/b'"),
+            ("/elsewhere/checkpoint", "is not under the root"),
+            ("exec/b/../a", "not clean"),
+        ],
+    )
+    def test_saves_outside_this_executions_folder_is_a_usage_error(
+        self, tmp_path: Path, saves: str, says: str
+    ) -> None:
+        """Catch-up finds every execution's saves by their place in its folder: any other --saves is exit 2,
+        one line naming it, before anything is written."""
+        result = ckpt("resume", "--framework", "dcp", "--saves", saves, env=self.env(tmp_path, "b", 20))
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        assert result.stderr.startswith("ckpt: "), result.stderr
+        assert says in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "exec").exists()
 
 
 KILL_STEPS = [10, 20]

@@ -15,9 +15,10 @@ it does no I/O of its own, so it runs the same on every store:
 2. :func:`catch_up` lists ``exec/``, reads each folder's record, plans with
    :func:`~ckpt.domain.catchup.plan_catch_up`, and runs one :class:`~ckpt.application.watcher.Watcher`
    per target at the target's epoch, judging with the world size the target's folder records, as
-   ``ckpt watch --once`` does: one scan, then at most the settle time for saves whose markers are complete
-   to settle (the writer may be a zombie still writing). The watchers run side by side, so a catch-up takes
-   at most one settle time however many folders it looks into.
+   ``ckpt watch --once`` does: one scan, then at most the settle time for saves whose
+   markers are complete to settle (the writer may be a zombie still writing). The watchers run side by side,
+   so a catch-up takes at most one settle time however many folders it looks into. With a saves
+   ``sub_folder`` (``ckpt.domain.catchup`` rule 7) each watcher watches ``exec/<attempt>/<sub_folder>``.
 3. :func:`resume` then resolves, verified against the framework's rule. Before anything else it refuses an
    attempt whose folder is too long for the rule's longest save name (``ckpt.domain.room``).
 4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Lightning, Accelerate):
@@ -45,11 +46,12 @@ from ckpt.domain.catchup import (
     EPOCH_RECORD,
     CatchUpPlan,
     PassedExecution,
+    execution_saves,
     format_epoch_record,
     parse_epoch_record,
     plan_catch_up,
 )
-from ckpt.domain.entries import Entry, exec_save_prefix, parse_step, validate_attempt
+from ckpt.domain.entries import Entry, parse_step, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.ports import KnowsRemovals, SyncsSaves, WatchStore, WritesSmallFiles
@@ -170,6 +172,7 @@ def catch_up(
     settle: float | None = None,
     scan_timeout: float | None = DEFAULT_SCAN_TIMEOUT,
     world_size: int | None = None,
+    sub_folder: str = "",
 ) -> CaughtUp:
     """Publish every complete, unpublished save of the execution folders the plan names, at their epochs.
 
@@ -181,13 +184,19 @@ def catch_up(
     Each target's saves are judged with the world size its folder records (``.ckpt-world-size``, read for
     the targets only and only when the rule has a world size); ``world_size`` is for folders that record
     none, and one that records another is ``InvalidError`` (``ckpt.application.rulebook`` rule 6).
-    Store errors propagate.
+    ``sub_folder`` is where the saves lie inside every execution's folder (``ckpt.domain.catchup`` rule 7;
+    ``""``: the folder itself). Store errors propagate.
     """
     validate_attempt(attempt)
     rule = as_rule(framework, world_size)
     settle = rule.settle_time(DEFAULT_SETTLE, settle)
     plan = plan_catch_up(
-        attempt, epoch, _records(store, attempt), store.entries(), longest_name=longest_save_name(rule)
+        attempt,
+        epoch,
+        _records(store, attempt),
+        store.entries(),
+        longest_name=longest_save_name(rule),
+        sub_folder=sub_folder,
     )
     if hasattr(rule, "world_size"):
         plan = plan.sized({t.attempt: recorded_world_size(store, t.attempt) for t in plan.targets})
@@ -195,7 +204,7 @@ def catch_up(
         Watcher(
             store,
             with_recorded_world_size(rule, target.world_size, store.exec_dir(target.attempt)),
-            store.exec_dir(target.attempt),
+            store.location(Entry(0, 0, execution_saves(target.attempt, sub_folder))),
             target.epoch,
             interval=settle or 1.0,
             settle=settle,
@@ -278,6 +287,11 @@ def catch_up_folders(
     return CaughtUp(tuple(sorted(created)), plan.passed, plan)
 
 
+def _what(attempt: str, sub_folder: str) -> str:
+    """How a room error names the folder: the attempt, and the sub-folder when there is one."""
+    return f"attempt {attempt!r}" + (f" with saves sub-folder {sub_folder!r}" if sub_folder else "")
+
+
 @attrs.frozen
 class Resumed:
     """Where to resume from (``entry``/``location`` are ``None`` on a first run) and how it was found.
@@ -302,6 +316,7 @@ def resume(
     catch_up_first: bool = True,
     scan_timeout: float | None = DEFAULT_SCAN_TIMEOUT,
     world_size: int | None = None,
+    sub_folder: str = "",
     run_world_size: int | None = None,
 ) -> Resumed:
     """Record this execution's epoch, catch up earlier executions, and resolve (verified).
@@ -313,12 +328,15 @@ def resume(
 
     ``catch_up_first=False`` skips the catch-up (and the records) and is a plain verified resolve. The
     records, like every scan of the catch-up, are bounded by ``scan_timeout`` (``ScanTimeoutError``).
+    ``sub_folder`` is where the saves lie inside every execution's folder (``ckpt.domain.catchup`` rule 7);
+    the records stay in ``exec/<attempt>`` itself.
 
-    First of all, an attempt whose folder is too long for the rule's longest save name is ``InvalidError``
-    (``ckpt.domain.room``): this execution could publish none of the saves it is about to make.
+    First of all, an attempt whose saves folder is too long for the rule's longest save name is
+    ``InvalidError`` (``ckpt.domain.room``): this execution could publish none of the saves it is about to
+    make.
     """
     rule = as_rule(framework, world_size)
-    require_rule_room(exec_save_prefix(attempt), rule, what=f"attempt {attempt!r}")
+    require_rule_room(execution_saves(attempt, sub_folder), rule, what=_what(attempt, sub_folder))
     caught: CaughtUp | None = None
     if catch_up_first:
         call_within(
@@ -336,7 +354,13 @@ def resume(
                 thread_name="ckpt-world-size-record",
             )
         caught = catch_up(
-            store, rule, attempt=attempt, epoch=epoch, settle=settle, scan_timeout=scan_timeout
+            store,
+            rule,
+            attempt=attempt,
+            epoch=epoch,
+            settle=settle,
+            scan_timeout=scan_timeout,
+            sub_folder=sub_folder,
         )
     verified = resolve_verified(store, rule)
     location = None if verified.entry is None else store.location(verified.entry)

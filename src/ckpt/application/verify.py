@@ -23,8 +23,9 @@ import attrs
 
 from ckpt.application.inspection import judge, saves_reader
 from ckpt.application.rulebook import as_rule, with_recorded_world_size
-from ckpt.application.world_size_record import execution_of, recorded_world_size
+from ckpt.application.world_size_record import recorded_world_size
 from ckpt.domain.arguments import require_instance
+from ckpt.domain.catchup import attempt_of_saves
 from ckpt.domain.entries import Entry
 from ckpt.domain.frameworks import (
     INCOMPLETE_SENTINEL,
@@ -179,7 +180,7 @@ def resolve_verified(
     rules: dict[str, Rule] = {}  # the rule for each execution folder judged, with its recorded world size
 
     def rule_for(entry: Entry) -> Rule:
-        attempt = execution_of(entry.save)
+        attempt = attempt_of_saves(entry.save)
         if attempt is None or not hasattr(rule, "world_size"):
             return rule
         if attempt not in rules:

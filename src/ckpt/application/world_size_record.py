@@ -1,8 +1,8 @@
 """The world-size record of an execution: how many processes wrote the saves in ``exec/<attempt>``.
 
-Rules (spec/layout.md §8.5-§8.8, spec/watcher.md §2.5b, §6.7, §7.9):
+Rules (spec/layout.md §8.5-§8.8, spec/watcher.md §2.5b, §6.7, §7.10):
 
-1. The record is the file ``exec/<attempt>/.ckpt-world-size`` (``ckpt.domain.catchup`` rule 7), written
+1. The record is the file ``exec/<attempt>/.ckpt-world-size`` (``ckpt.domain.catchup`` rule 8), written
    beside the epoch record by the writers that know the size of the run: ``ckpt watch`` of an attempt with a
    world size (``--world-size`` or ``WORLD_SIZE``), and the in-process publishers (``torch.distributed``'s
    world size, or the job's ``world_size``). ``ckpt resume`` writes none: its ``--world-size`` is the size
@@ -24,12 +24,11 @@ from __future__ import annotations
 import logging
 
 from ckpt.domain.catchup import WORLD_SIZE_RECORD, format_world_size_record, parse_world_size_record
-from ckpt.domain.entries import EXEC_DIR_NAME
 from ckpt.domain.errors import MalformedError
 from ckpt.domain.frameworks import validate_world_size
 from ckpt.domain.ports import WatchStore, WritesSmallFiles
 
-__all__ = ["execution_of", "read_world_size_record", "record_world_size", "recorded_world_size"]
+__all__ = ["read_world_size_record", "record_world_size", "recorded_world_size"]
 
 _log = logging.getLogger("ckpt.catchup")
 
@@ -47,19 +46,6 @@ def recorded_world_size(store: WatchStore, attempt: str) -> int | None:
     except MalformedError as exc:
         _log.warning("%s: %s (its world size is unknown)", store.exec_dir(attempt), exc)
         return None
-
-
-def execution_of(save: str) -> str | None:
-    """The attempt whose folder holds ``save`` (a save relative to the root), or ``None`` outside ``exec/``.
-
-    >>> execution_of("exec/a.1/checkpoint-5"), execution_of("runs/checkpoint-5"), execution_of("exec/a")
-    ('a.1', None, None)
-    """
-    prefix = EXEC_DIR_NAME + "/"
-    if not save.startswith(prefix):
-        return None
-    attempt, slash, _ = save[len(prefix) :].partition("/")
-    return attempt if slash else None
 
 
 def record_world_size(store: WatchStore, attempt: str, world_size: int) -> int | None:

@@ -7,7 +7,11 @@ Rules:
    ``--attempt | DISPATCH_ATTEMPT`` (both required: the command records this execution's epoch);
    ``--settle`` (seconds; default: the rule's settle time for a 10 s interval, so 10 for ``hf``, 0 for
    ``dcp``) and ``--scan-timeout`` (120) as for ``watch``; ``--no-catch-up`` makes it a verified resolve
-   that prints nothing on a first run.
+   that prints nothing on a first run. ``--saves LOCATION`` is where this execution's saves lie when that
+   is a sub-folder of its folder: exactly the value ``ckpt watch --saves`` takes (a path relative to the
+   root, or an absolute path or URL under it), which must lie inside ``exec/<attempt>``; the part below
+   ``exec/<attempt>`` is the sub-folder the catch-up looks into in every execution's folder
+   (``ckpt.domain.catchup`` rule 7). Anywhere else is ``InvalidError``.
 2. It records this execution's epoch in ``exec/<attempt>/.ckpt-epoch``, publishes the complete saves earlier
    executions never published (under their own epochs), then resolves against the framework's rule.
 3. Output: the location to resume from and a newline, or **nothing**, with exit 0 either way, so a job
@@ -80,6 +84,12 @@ def register(commands: Any) -> None:
     p.add_argument(
         "--world-size", metavar="N", help="processes that wrote the saves (hf, dcp, deepspeed, lightning)"
     )
+    p.add_argument(
+        "--saves",
+        metavar="LOCATION",
+        help="this execution's saves folder, as given to watch --saves (inside exec/<attempt>); the catch-up "
+        "looks into the same sub-folder of every execution",
+    )
     p.add_argument("--no-catch-up", action="store_true", help="only resolve (verified); publish nothing")
     p.set_defaults(handler=_handle)
 
@@ -99,6 +109,20 @@ def _required(args: argparse.Namespace, environ: Mapping[str, str], name: str, v
     return str(value)
 
 
+def _sub_folder(store: WatchStore, saves: str, attempt: str) -> str:
+    """Rule 1: the sub-folder of ``exec/<attempt>`` that ``--saves`` names (as ``watch --saves`` reads it)."""
+    from ckpt.cli.watch import saves_folder
+    from ckpt.domain.catchup import sub_folder_of
+    from ckpt.domain.redaction import redact_url
+
+    folder = saves_folder(store, saves)  # its errors name --saves already
+    try:
+        return sub_folder_of(folder, attempt)
+    except InvalidError as exc:
+        shown = redact_url(saves, keep_user=False)
+        raise InvalidError(f"--saves {shown!r}: {exc}") from exc
+
+
 def _handle(ctx: _Context) -> int:
     from ckpt.application.rulebook import find_rule
     from ckpt.catchup import DEFAULT_SCAN_TIMEOUT, resume
@@ -114,6 +138,7 @@ def _handle(ctx: _Context) -> int:
     settle = _seconds(args.settle, "--settle", allow_zero=True)
     timeout = _seconds(args.scan_timeout, "--scan-timeout", allow_zero=False)
     store = ctx.store()
+    sub_folder = "" if args.saves is None else _sub_folder(store, args.saves, attempt)
     resumed = resume(
         store,
         rule,
@@ -122,6 +147,7 @@ def _handle(ctx: _Context) -> int:
         settle=settle,
         catch_up_first=not args.no_catch_up,
         scan_timeout=DEFAULT_SCAN_TIMEOUT if timeout is None else timeout,
+        sub_folder=sub_folder,
     )
     caught = resumed.caught_up  # each caught-up save and each folder passed over was logged (stderr)
     for entry, reason in resumed.skipped:

@@ -30,7 +30,8 @@ Rules:
    runs (``ckpt.adapters.prometheus``); the URL is logged before the first scan. ``--metrics-address``
    without ``--metrics-port`` is an ``InvalidError``; so is a missing ``prometheus_client`` (the
    ``metrics`` extra); an address that cannot be bound fails the command (exit 1).
-8. Watching ``exec_dir`` of an attempt (not ``--saves``), the sidecar first records the execution's epoch in
+8. Watching ``exec_dir`` of an attempt, or a ``--saves`` folder inside one (``exec/<attempt>/<sub-folder>``,
+   ``ckpt.domain.catchup`` rule 7), the sidecar first records the execution's epoch in
    ``exec/<attempt>/.ckpt-epoch`` (spec/layout.md §8), so that a catch-up at the next start knows the epoch
    of an execution that died before it published anything, within the scan timeout; with a world size
    (``--world-size`` or ``WORLD_SIZE``) it records that too, in ``exec/<attempt>/.ckpt-world-size``
@@ -55,6 +56,7 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ckpt.config import MAX_SECONDS
+from ckpt.domain.catchup import attempt_of_saves
 from ckpt.domain.entries import Entry, exec_save_prefix, parse_epoch, validate_save
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.frameworks import parse_world_size
@@ -165,6 +167,20 @@ def parse_seconds(text: str, option: str, *, allow_zero: bool) -> float:
     return value
 
 
+def saves_folder(store: WatchStore, saves: str) -> str:
+    """The save path (relative to the root) of a ``--saves LOCATION``: a path relative to the root, or an
+    absolute path or URL under it (rule 1); ``InvalidError`` otherwise. ``ckpt resume --saves`` shares it.
+    """
+    if not (saves.startswith("/") or "://" in saves):
+        return validate_save(saves.rstrip("/"))
+    # Refuse a folder outside the root now, not at the first publication (which may be hours away).
+    prefix = store.root.rstrip("/") + "/"
+    if not saves.startswith(prefix):
+        shown = redact_url(saves, keep_user=False)
+        raise InvalidError(f"--saves {shown!r} is not under the root {store.root}")
+    return validate_save(saves[len(prefix) :].rstrip("/"))
+
+
 def saves_location(
     store: WatchStore, args: argparse.Namespace, environ: Mapping[str, str], rule: Rule
 ) -> str:
@@ -174,17 +190,9 @@ def saves_location(
     """
     saves: str | None = getattr(args, "saves", None)
     if saves:
-        if not (saves.startswith("/") or "://" in saves):
-            folder = validate_save(saves.rstrip("/"))
-            require_rule_room(folder, rule, what=f"--saves {saves!r}")
-            return store.location(Entry(0, 0, folder))
-        # Refuse a folder outside the root now, not at the first publication (which may be hours away).
-        prefix = store.root.rstrip("/") + "/"
-        shown = redact_url(saves, keep_user=False)
-        if not saves.startswith(prefix):
-            raise InvalidError(f"--saves {shown!r} is not under the root {store.root}")
-        require_rule_room(validate_save(saves[len(prefix) :].rstrip("/")), rule, what=f"--saves {shown!r}")
-        return saves.rstrip("/")
+        folder = saves_folder(store, saves)
+        require_rule_room(folder, rule, what=f"--saves {redact_url(saves, keep_user=False)!r}")
+        return store.location(Entry(0, 0, folder))
     attempt = _attempt(args, environ)
     if attempt is None:
         raise InvalidError("nothing to watch: pass --attempt or --saves, or set DISPATCH_ATTEMPT")
@@ -193,7 +201,10 @@ def saves_location(
 
 
 def _attempt(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
-    """The attempt whose ``exec_dir`` is watched, or ``None`` with ``--saves`` or without one."""
+    """The attempt whose ``exec_dir`` is watched, or ``None`` without one.
+
+    With ``--saves`` it is the execution whose folder holds the saves folder, if any (rule 8).
+    """
     if getattr(args, "saves", None):
         return None
     return args.attempt if getattr(args, "attempt", None) is not None else environ.get("DISPATCH_ATTEMPT")
@@ -329,6 +340,8 @@ def run(
     location = saves_location(store, args, env, framework)  # rule 9: before the epoch record
     endpoint = _metrics_endpoint(args)
     attempt = _attempt(args, env)
+    if attempt is None and getattr(args, "saves", None):
+        attempt = attempt_of_saves(store.save_of(location))  # rule 8: exec/<attempt>/<sub-folder>
     if attempt is not None:
         _record_epoch(store, attempt, epoch, scan_timeout, world_size)
 

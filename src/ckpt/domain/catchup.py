@@ -24,7 +24,14 @@ Rules:
    epoch: every entry point now refuses to start in such a folder, so only an older release (or a trainer
    run without ``ckpt``) leaves one behind, and publishing its saves fails, which would end every later
    catch-up with it.
-7. An execution's *world size* (how many processes wrote its saves) comes from its *world-size record*,
+7. Saves may lie in a *sub-folder* of every execution folder (``exec/<attempt>/<sub-folder>``, torchtitan's
+   ``checkpoint.folder``): the same sub-folder of each one, since every execution runs the same job. The
+   catch-up then looks into ``exec/<attempt>/<sub-folder>`` of each target, and rule 6 measures that folder.
+   A sub-folder is given either as itself (:func:`parse_sub_folder`) or as the current execution's saves
+   folder, the very value ``ckpt watch --saves`` takes (:func:`sub_folder_of`); :func:`execution_saves` is
+   the folder it names for an attempt, and :func:`attempt_of_saves` the execution whose folder a saves
+   folder lies in (whose epoch a sidecar watching it records).
+8. An execution's *world size* (how many processes wrote its saves) comes from its *world-size record*,
    ``exec/<attempt>/.ckpt-world-size``, the size in decimal and a newline, written beside the epoch record
    by the writers that know it (``ckpt watch`` with a world size, the in-process publishers). A target
    carries it, so its saves are judged by the size of the run that wrote them, not the size of the run
@@ -45,7 +52,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from ckpt.domain.entries import EXEC_DIR_NAME, Entry, parse_epoch
+from ckpt.domain.entries import EXEC_DIR_NAME, Entry, attempt_error, parse_epoch, save_error
 from ckpt.domain.errors import InvalidError, MalformedError
 from ckpt.domain.frameworks import validate_world_size
 from ckpt.domain.room import SHORTEST_NAME, room_problem
@@ -56,11 +63,15 @@ __all__ = [
     "CatchUpPlan",
     "CatchUpTarget",
     "PassedExecution",
+    "attempt_of_saves",
+    "execution_saves",
     "format_epoch_record",
     "format_world_size_record",
     "parse_epoch_record",
+    "parse_sub_folder",
     "parse_world_size_record",
     "plan_catch_up",
+    "sub_folder_of",
 ]
 
 EPOCH_RECORD = ".ckpt-epoch"
@@ -95,7 +106,7 @@ def parse_epoch_record(data: bytes) -> int:
 
 
 def format_world_size_record(world_size: int) -> bytes:
-    """The content of a world-size record (rule 7): the world size in decimal and a newline.
+    """The content of a world-size record (rule 8): the world size in decimal and a newline.
 
     >>> format_world_size_record(2)
     b'2\\n'
@@ -125,10 +136,86 @@ def parse_world_size_record(data: bytes) -> int:
     return world_size
 
 
+def parse_sub_folder(text: str) -> str:
+    """A saves sub-folder (rule 7): ``""`` (the execution folder itself) or a clean relative path.
+
+    ``InvalidError`` for anything that is not a valid save path once inside an execution folder (absolute,
+    ``.`` or ``..``, ``//``, a control character); a trailing ``/`` is dropped.
+
+    >>> parse_sub_folder("checkpoint/")
+    'checkpoint'
+    >>> parse_sub_folder("")
+    ''
+    """
+    if not isinstance(text, str):
+        raise InvalidError(f"saves sub-folder {text!r} is not a string")
+    sub = text[:-1] if text.endswith("/") else text
+    # Checked as the tail of a save path: its first element may be any name (pub/ is special at the root).
+    if sub.startswith("/"):
+        reason: str | None = "is absolute (it is a path inside each execution's folder)"
+    else:
+        reason = None if sub == "" else save_error(f"{EXEC_DIR_NAME}/{sub}")
+    if reason is not None:
+        raise InvalidError(f"saves sub-folder {text!r} {reason}")
+    return sub
+
+
+def execution_saves(attempt: str, sub_folder: str = "") -> str:
+    """The save path of the folder an execution's saves lie in (rule 7): ``exec/<attempt>[/<sub-folder>]``.
+
+    >>> execution_saves("2.4102.0", "checkpoint")
+    'exec/2.4102.0/checkpoint'
+    >>> execution_saves("2.4102.0")
+    'exec/2.4102.0'
+    """
+    reason = attempt_error(attempt)
+    if reason is not None:
+        raise InvalidError(f"attempt {attempt!r} {reason}")
+    sub = parse_sub_folder(sub_folder)
+    return f"{EXEC_DIR_NAME}/{attempt}/{sub}" if sub else f"{EXEC_DIR_NAME}/{attempt}"
+
+
+def attempt_of_saves(saves: str) -> str | None:
+    """The attempt whose execution folder holds the saves folder ``saves`` (a save path), else ``None``.
+
+    >>> attempt_of_saves("exec/2.4102.0/checkpoint")
+    '2.4102.0'
+    >>> attempt_of_saves("shared/checkpoints") is None
+    True
+    """
+    head, slash, rest = saves.partition("/")
+    if head != EXEC_DIR_NAME or not slash:
+        return None
+    attempt = rest.partition("/")[0]
+    return attempt if attempt_error(attempt) is None else None
+
+
+def sub_folder_of(saves: str, attempt: str) -> str:
+    """The sub-folder (rule 7) that the saves folder ``saves`` (a save path) is of ``exec/<attempt>``.
+
+    ``InvalidError`` unless ``saves`` lies in that execution's folder: the catch-up finds the saves of every
+    execution by their place inside its own folder, so a folder elsewhere gives it nothing to go by.
+
+    >>> sub_folder_of("exec/2.4102.0/checkpoint", "2.4102.0")
+    'checkpoint'
+    >>> sub_folder_of("exec/2.4102.0", "2.4102.0")
+    ''
+    """
+    own = execution_saves(attempt)
+    if saves == own:
+        return ""
+    if not saves.startswith(own + "/"):
+        raise InvalidError(
+            f"saves folder {saves!r} is not inside this execution's folder {own!r}: catch-up looks for saves "
+            f"in the same place inside every execution's folder"
+        )
+    return parse_sub_folder(saves[len(own) + 1 :])
+
+
 @attrs.frozen
 class CatchUpTarget:
     """An execution folder to publish the complete saves of, the epoch to publish them at, and the world
-    size of the run that wrote them (``None``: unknown, rule 7)."""
+    size of the run that wrote them (``None``: unknown, rule 8)."""
 
     attempt: str
     epoch: int
@@ -151,7 +238,7 @@ class CatchUpPlan:
     passed: tuple[PassedExecution, ...]
 
     def sized(self, world_sizes: Mapping[str, int | None]) -> CatchUpPlan:
-        """This plan with each target's world size from ``world_sizes`` (attempt -> record; rule 7).
+        """This plan with each target's world size from ``world_sizes`` (attempt -> record; rule 8).
 
         >>> plan = CatchUpPlan((CatchUpTarget("a", 1), CatchUpTarget("b", 2)), ())
         >>> [t.world_size for t in plan.sized({"a": 2}).targets]
@@ -183,13 +270,15 @@ def plan_catch_up(
     entries: Iterable[Entry],
     *,
     longest_name: str = SHORTEST_NAME,
+    sub_folder: str = "",
 ) -> CatchUpPlan:
     """Decide which execution folders a catch-up looks into, at which epoch (rules 1-7).
 
     ``attempt`` and ``epoch`` are the current execution's; ``records`` maps every execution folder under
     ``exec/`` to the epoch its record holds (``None``: no readable record); ``entries`` are those published;
-    ``longest_name`` is the rule's longest save name (rule 6). Targets come back with no world size: the
-    caller reads the records of the targets only (rule 7) and fills them in (:meth:`CatchUpPlan.sized`).
+    ``longest_name`` is the rule's longest save name (rule 6), measured inside ``sub_folder`` (rule 7).
+    Targets come back with no world size: the caller reads the records of the targets only (rule 8) and
+    fills them in (:meth:`CatchUpPlan.sized`).
 
     >>> plan = plan_catch_up("c", 3, {"a": 1, "b": 2, "c": 3, "d": None}, [])
     >>> [(t.attempt, t.epoch) for t in plan.targets]
@@ -197,6 +286,7 @@ def plan_catch_up(
     >>> [p.attempt for p in plan.passed]
     ['d']
     """
+    sub = parse_sub_folder(sub_folder)
     from_entries, greatest = _entry_epochs(entries)
     targets: list[CatchUpTarget] = []
     passed: list[PassedExecution] = []
@@ -205,7 +295,7 @@ def plan_catch_up(
         known = [recorded] if recorded is not None else []
         if not known and name in from_entries:
             known = [from_entries[name]]
-        problem = room_problem(f"{EXEC_DIR_NAME}/{name}", longest_name)
+        problem = room_problem(execution_saves(name, sub), longest_name)
         if problem is not None:
             passed.append(PassedExecution(name, f"too long for its saves' longest name: {problem}"))
             continue

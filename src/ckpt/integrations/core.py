@@ -44,6 +44,7 @@ import attrs
 
 from ckpt.application.rulebook import as_rule, find_rule
 from ckpt.catchup import is_vanished_save
+from ckpt.domain.catchup import execution_saves, parse_sub_folder
 from ckpt.domain.entries import Entry, exec_save_prefix, parse_epoch, validate_attempt
 from ckpt.domain.errors import CkptError, ExistsError, InvalidError, NotFoundError
 from ckpt.domain.frameworks import Framework, parse_world_size, validate_world_size
@@ -281,6 +282,7 @@ def resume_location(
     settle: float | None = None,
     catch_up: bool = True,
     world_size: int | None = None,
+    sub_folder: str = "",
     **settings: Any,
 ) -> str | None:
     """Where to resume from: catch up earlier executions, resolve verified; ``None`` on a first run.
@@ -291,14 +293,18 @@ def resume_location(
     it is rarely needed: a save in an execution folder that records its world size is judged by that record
     (rule 4), and a ``world_size`` that conflicts with a record is ``InvalidError``.
     ``settings`` are :func:`open_job`'s (``root``, ``epoch``, ``attempt``, ``config``, ``environ``,
-    ``store``) unless ``job`` is given. With ``torch.distributed`` initialised, only rank 0 reads and
-    publishes, and every rank gets its answer (rule 6). An execution folder too long for the framework's
-    saves is refused first, on every rank (rule 5).
+    ``store``) unless ``job`` is given. ``sub_folder`` is where the saves lie inside the execution's folder
+    (``"checkpoint"`` for ``exec/<attempt>/checkpoint``, torchtitan's ``checkpoint.folder``; the same
+    sub-folder of every execution is caught up, ``ckpt.domain.catchup`` rule 7). With ``torch.distributed``
+    initialised, only rank 0 reads and publishes, and every rank gets its answer (rule 6). An execution
+    folder (with its sub-folder) too long for the framework's saves is refused first, on every rank (rule 5).
     """
     world = None if world_size is None else validate_world_size(world_size)
     rule = find_rule(framework, world_size=world) if isinstance(framework, str) else as_rule(framework, world)
+    sub = parse_sub_folder(sub_folder)
     the_job = job if job is not None else open_job(**settings)
-    require_rule_room(exec_save_prefix(the_job.attempt), rule, what=f"attempt {the_job.attempt!r}")
+    where = f"attempt {the_job.attempt!r}" + (f" with saves sub-folder {sub!r}" if sub else "")
+    require_rule_room(execution_saves(the_job.attempt, sub), rule, what=where)
 
     def compute() -> str | None:
         from ckpt.catchup import resume
@@ -311,6 +317,7 @@ def resume_location(
             settle=settle,
             catch_up_first=catch_up,
             run_world_size=the_job.run_world_size(),
+            sub_folder=sub,
         )
         return resumed.location
 

@@ -169,6 +169,8 @@ def resume_location(*, settle: float | None = None, **settings: Any) -> str | No
     """The ``step-<step>`` save to ``dcp.load`` after catching up earlier executions; ``None`` on a first run.
 
     Call it after ``init_process_group`` so that only rank 0 reads and publishes and every rank gets the
-    same answer. ``settings`` are :func:`~ckpt.integrations.core.open_job`'s, or ``job=``.
+    same answer. ``settings`` are :func:`~ckpt.integrations.core.open_job`'s, or ``job=``; ``sub_folder=``
+    (such as ``"checkpoint"``) when the saves lie in that sub-folder of every execution's folder, as
+    :func:`ckpt.resume_location` takes it.
     """
     return _resume_location(Framework.DCP, settle=settle, **settings)
