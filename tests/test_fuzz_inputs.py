@@ -145,13 +145,27 @@ class TestFuzzConfig:
 
     @FUZZ
     @given(config_cases())
+    # Found by the exploratory run (CI, 2026-12-02): a NaN value is never equal to itself, so comparing the
+    # read document with the written one failed on the test's own check; the file is compared by its text.
+    @example(
+        ConfigCase(
+            document={
+                "s3": {"region": "0", "max_staleness_seconds": float("nan")},
+                "credentials": [{"source": "env"}],
+            },
+            mutation="s3.max_staleness_seconds = nan",
+            keys=frozenset({"s3.max_staleness_seconds"}),
+        )
+    )
     def test_shaped_documents_give_the_exact_outcome(self, case: ConfigCase) -> None:
         """A spec/config.md document read from a real file is its Config, or, after one known mutation,
-        refused
-        with a ConfigError naming exactly the mutated key (a refused proxy URL: ProxyConfigError naming it).
+        refused with a ConfigError naming exactly the mutated key (a refused proxy URL: ProxyConfigError
+        naming it).
         """
         text = toml_text(case.document)
-        assert tomllib.loads(text) == case.document  # the writer is faithful, so the file is the document
+        # The writer is faithful, so the file is the document: read back, it writes the same text (a NaN,
+        # which equals nothing, compares by its text too).
+        assert toml_text(tomllib.loads(text)) == text
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "ckpt.toml")
             with open(path, "w", encoding="utf-8") as f:
