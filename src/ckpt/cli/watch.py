@@ -51,7 +51,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -220,27 +220,23 @@ def _record_epoch(
     from ckpt.application.catchup import record_epoch, record_world_size
     from ckpt.domain.errors import CkptError
 
-    try:
-        call_within(
-            lambda: record_epoch(store, attempt, epoch),
-            timeout,
-            what=f"recording the epoch in {store.exec_dir(attempt)}",
-            thread_name="ckpt-epoch-record",
-        )
-    except CkptError as exc:
-        _log.warning("cannot record epoch %d in %s: %s", epoch, store.exec_dir(attempt), exc)
-    if world_size is None:
-        return
-    size = world_size
-    try:
-        call_within(
-            lambda: record_world_size(store, attempt, size),
-            timeout,
-            what=f"recording the world size in {store.exec_dir(attempt)}",
-            thread_name="ckpt-world-size-record",
-        )
-    except CkptError as exc:
-        _log.warning("cannot record world size %d in %s: %s", size, store.exec_dir(attempt), exc)
+    folder = store.exec_dir(attempt)
+    records: list[tuple[str, int, Callable[[], object]]] = [
+        ("epoch", epoch, lambda: record_epoch(store, attempt, epoch))
+    ]
+    if world_size is not None:
+        size = world_size
+        records.append(("world size", size, lambda: record_world_size(store, attempt, size)))
+    for what, value, record in records:
+        try:
+            call_within(
+                record,
+                timeout,
+                what=f"recording the {what} in {folder}",
+                thread_name=f"ckpt-{what.replace(' ', '-')}-record",
+            )
+        except CkptError as exc:
+            _log.warning("cannot record %s %d in %s: %s", what, value, folder, exc)
 
 
 def _epoch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
