@@ -30,7 +30,8 @@ EVAL = [
 def extract_script(tmp_path: Path) -> Path:
     """Write the page's evaluator block (the python block after its marker comment) to a file."""
     text = PAGE.read_text(encoding="utf-8")
-    found = re.search(r"<!-- evaluator:.*?-->\s*```python\n(.*?)```", text, re.DOTALL)
+    marker = re.escape("<!-- tested-by: tests/test_docs_evaluator.py -->")
+    found = re.search(rf"{marker}\s*```python\n(.*?)```", text, re.DOTALL)
     assert found, "the evaluator block is missing from the page"
     script = tmp_path / "evaluate.py"
     script.write_text(found.group(1), encoding="utf-8")
