@@ -79,6 +79,7 @@ VECTOR_FILES = (
     "epoch_record",
     "catch_up",
     "leftover",
+    "cli_exit_codes",
 )
 CASE_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
