@@ -18,7 +18,13 @@ from typing import Any
 
 import pytest
 
-from ckpt.domain.catchup import format_world_size_record, parse_world_size_record
+from ckpt.domain.catchup import (
+    format_epoch_record,
+    format_world_size_record,
+    parse_epoch_record,
+    parse_world_size_record,
+    plan_catch_up,
+)
 from ckpt.domain.entries import (
     Entry,
     parse_epoch,
@@ -39,8 +45,17 @@ from ckpt.domain.journal import (
     read_journal,
 )
 from ckpt.domain.names import format_entry_name, latest_entry_of_names, parse_entry_name, parse_entry_names
-from ckpt.domain.prune import Overlap, PhysicalOverlap, overlaps, plan_prune, recheck_folders
+from ckpt.domain.prune import (
+    Overlap,
+    PhysicalOverlap,
+    PrunePlan,
+    leftover_folders,
+    overlaps,
+    plan_prune,
+    recheck_folders,
+)
 from ckpt.domain.removing import Removing
+from ckpt.domain.retention import SKIP_PINNED
 from ckpt.domain.s3_root import parse_s3_root
 
 Case = dict[str, Any]
@@ -61,6 +76,10 @@ VECTOR_FILES = (
     "removing",
     "s3_roots",
     "world_size_record",
+    "epoch_record",
+    "catch_up",
+    "leftover",
+    "cli_exit_codes",
 )
 CASE_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
@@ -181,7 +200,7 @@ class TestVectorFiles:
         "stem",
         [
             *("names", "numbers", "saves", "attempts", "prune", "journal", "decision", "s3_roots"),
-            "world_size_record",
+            *("world_size_record", "epoch_record"),
         ],
     )
     def test_invalid_cases_carry_a_reason_and_a_note(self, stem: str) -> None:
@@ -524,9 +543,128 @@ class TestRecheckFolders:
     @pytest.mark.parametrize("case", cases("prune_recheck"))
     def test_recheck(self, case: Case) -> None:
         """The folders still removed and the planned folders skipped, with their reasons, are the vector's."""
-        check = recheck_folders(case["planned"], case["left"], case["saves"])
+        pins = case.get("pins", [])
+        check = recheck_folders(case["planned"], case["left"], [*case["saves"], *pins])
+        # The pure function judges against every save alike; which of its skips a pin made is told apart by
+        # ckpt.application.pruning (PruneRun._finish), with the same Overlap of the pins as here.
+        pinned = Overlap(pins)
+        skipped = [[folder, SKIP_PINNED if pinned(folder) else why] for folder, why in check.skipped]
         assert list(check.remove) == case["remove"]
+        assert skipped == case["skipped"]
+
+    @pytest.mark.parametrize("case", [c for c in cases("prune_recheck") if not c.values[0].get("pins")])
+    def test_recheck_without_pins_is_the_pure_function(self, case: Case) -> None:
+        """Without pins, the pure function alone gives the vector's skips and their reasons."""
+        check = recheck_folders(case["planned"], case["left"], case["saves"])
         assert [list(skip) for skip in check.skipped] == case["skipped"]
+
+
+class TestLeftoverFolders:
+    """``leftover_folders`` on ``leftover.json``: the folders a prune inherits from earlier journals."""
+
+    @pytest.mark.parametrize("case", cases("leftover"))
+    def test_inherited(self, case: Case) -> None:
+        """The inherited folders are the vector's: journal folders not planned and not named by what stays."""
+        kept = tuple(Entry(1, step, save) for step, save in enumerate(case["kept"]))
+        plan = PrunePlan(keep=kept, remove=(), folders=tuple(case["planned"]))
+        # leftover_folders knows the plan only; the pins and the spared entries are applied on top by
+        # CheckpointStore.prune (ckpt.application.checkpoint_store), with an Overlap of their saves as here.
+        protected = Overlap([*case["pins"], *case["spared"]])
+        inherited = [f for f in leftover_folders(plan, case["journal_folders"]) if not protected(f)]
+        assert sorted(inherited) == case["inherited"]
+
+    @pytest.mark.parametrize(
+        "case", [c for c in cases("leftover") if not (c.values[0]["pins"] or c.values[0]["spared"])]
+    )
+    def test_inherited_without_pins_is_the_pure_function(self, case: Case) -> None:
+        """Without pins or spared entries, the pure function alone gives the vector's folders, sorted."""
+        kept = tuple(Entry(1, step, save) for step, save in enumerate(case["kept"]))
+        plan = PrunePlan(keep=kept, remove=(), folders=tuple(case["planned"]))
+        assert list(leftover_folders(plan, case["journal_folders"])) == case["inherited"]
+
+    @pytest.mark.parametrize("case", cases("leftover", known_bugs=False))
+    def test_inherited_is_listed_in_code_point_order(self, case: Case) -> None:
+        """A case lists its inherited folders once each, in code-point order (no ckpt code)."""
+        assert case["inherited"] == sorted(set(case["inherited"]))
+
+
+class TestEpochRecords:
+    """``parse_epoch_record`` and ``format_epoch_record`` on ``epoch_record.json``."""
+
+    @pytest.mark.parametrize("case", cases("epoch_record", valid=True))
+    def test_valid(self, case: Case) -> None:
+        """A valid record parses to its epoch, and formatting that epoch gives the same bytes back."""
+        data = bytes_of(case, "content")
+        assert parse_epoch_record(data) == int(case["epoch"])
+        assert format_epoch_record(int(case["epoch"])) == data
+
+    @pytest.mark.parametrize("case", cases("epoch_record", valid=False))
+    def test_invalid(self, case: Case) -> None:
+        """A malformed record is MalformedError (a reader then treats the record as absent)."""
+        with pytest.raises(MalformedError):
+            parse_epoch_record(bytes_of(case, "content"))
+
+    @pytest.mark.parametrize("case", cases("epoch_record", valid=True, known_bugs=False))
+    def test_valid_case_is_the_independent_encoding(self, case: Case) -> None:
+        """A valid case is the epoch in plain decimal and one newline, in 64 bits (no ckpt code)."""
+        epoch = int(case["epoch"])
+        assert 0 <= epoch <= 2**64 - 1
+        assert bytes_of(case, "content") == f"{epoch}\n".encode("ascii")
+
+
+# The reason codes of catch_up.json and the words of the Python message that name each rule (watcher.md §7.3;
+# the message texts are not normative, so a port matches the codes its own way).
+CATCH_UP_REASONS = {
+    "unknown-epoch": "epoch is unknown",
+    "newer": "a newer execution",
+    "older-than-published": "than the newest published epoch",
+    "too-long": "too long for its saves' longest name",
+}
+
+
+class TestCatchUpPlan:
+    """``plan_catch_up`` on ``catch_up.json``: the folders a catch-up looks into, at what epoch."""
+
+    @staticmethod
+    def plan(case: Case) -> Any:
+        """Run the planner on the case's inputs."""
+        folders = {name: None if epoch is None else int(epoch) for name, epoch in case["folders"].items()}
+        return plan_catch_up(
+            case["attempt"],
+            int(case["epoch"]),
+            folders,
+            [entry_of(e) for e in case["entries"]],
+            longest_name=case["longest_name"],
+            sub_folder=case.get("sub_folder", ""),
+        )
+
+    @pytest.mark.parametrize("case", cases("catch_up"))
+    def test_targets(self, case: Case) -> None:
+        """The targets are the vector's, at its epochs, in ascending (epoch, attempt) order."""
+        targets = [(t.attempt, t.epoch) for t in self.plan(case).targets]
+        assert targets == [(t["attempt"], int(t["epoch"])) for t in case["targets"]]
+
+    @pytest.mark.parametrize("case", cases("catch_up"))
+    def test_passed_over(self, case: Case) -> None:
+        """The folders passed over are the vector's, each for the rule its reason code names."""
+        passed = sorted((p.attempt, p.reason) for p in self.plan(case).passed)
+        expected = sorted((p["attempt"], p["reason"]) for p in case["passed"])
+        assert [attempt for attempt, _ in passed] == [attempt for attempt, _ in expected]
+        wrong = [
+            (attempt, code, reason)
+            for (attempt, reason), (_, code) in zip(passed, expected, strict=True)
+            if CATCH_UP_REASONS[code] not in reason
+        ]
+        assert wrong == []
+
+    @pytest.mark.parametrize("case", cases("catch_up", known_bugs=False))
+    def test_every_folder_is_targeted_or_passed_once(self, case: Case) -> None:
+        """Each listed folder, and the current one, is a target or passed over, never both (no ckpt code)."""
+        named = [t["attempt"] for t in case["targets"]] + [p["attempt"] for p in case["passed"]]
+        assert sorted(named) == sorted({*case["folders"], case["attempt"]})
+        assert all(p["reason"] in CATCH_UP_REASONS for p in case["passed"])
+        keys = [(int(t["epoch"]), t["attempt"]) for t in case["targets"]]
+        assert keys == sorted(keys)
 
 
 # Journals that a writer produces (the others are unfinished files only a reader meets).
