@@ -29,6 +29,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from ckpt.domain.entries import Entry
 from ckpt.integrations.hf import CkptCallback, resume_location
+from support.integ_launch import end_rank
 
 
 class TinyRegressor(nn.Module):
@@ -171,12 +172,7 @@ def main() -> None:
         }
         with open(options.out, "w") as f:
             json.dump(report, f)
-    # Tear the process group down before exit: left to the interpreter's shutdown, gloo's threads can abort
-    # a rank that finished cleanly ("terminate called without an active exception", exit -6; seen once in CI).
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    end_rank()  # the process group goes and the process leaves now (support.integ_launch)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["free_port", "run_killed_ranks", "run_ranks"]
+__all__ = ["end_rank", "free_port", "run_killed_ranks", "run_ranks"]
 
 TESTS = Path(__file__).resolve().parent.parent
 
@@ -121,3 +121,21 @@ def run_ranks(
                 other.kill()
             raise AssertionError(f"rank {rank} of {module} exited {process.returncode}:\n{output[-4000:]}")
     return results
+
+
+def end_rank() -> None:
+    """End a rank that finished its run: tear the process group down, flush, and leave at once.
+
+    Left to the interpreter's shutdown, gloo's threads can abort a rank that finished cleanly ("terminate
+    called without an active exception", exit -6): seen in fresh-clone CI runs, once even after
+    ``destroy_process_group``, so the rank now also skips the interpreter's shutdown (``os._exit``), whose
+    destructors are where the abort happens. Every file the rank wrote is closed by then.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+

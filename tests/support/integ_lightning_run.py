@@ -28,6 +28,7 @@ from ckpt.integrations.lightning import (
     CkptModelCheckpoint,
     resume_location,
 )
+from support.integ_launch import end_rank
 
 
 class Tiny(LightningModule):
@@ -94,12 +95,7 @@ def main() -> None:
         report = {"published": published, "resumed_from": ckpt_path, "started_at": model.started_at}
         with open(options.out, "w") as f:
             json.dump(report, f)
-    # Tear the process group down before exit: left to the interpreter's shutdown, gloo's threads can abort
-    # a rank that finished cleanly ("terminate called without an active exception", exit -6; seen once in CI).
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    end_rank()  # the process group goes and the process leaves now (support.integ_launch)
 
 
 if __name__ == "__main__":
