@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ckpt.application.checkpoint_store import CheckpointStore
+from ckpt.application.inspection import StoreSaves
 from ckpt.domain.arguments import require_str
 from ckpt.domain.entries import PUB_DIR_NAME
 from ckpt.domain.errors import CredentialsError, InvalidError, MalformedError
@@ -30,6 +31,7 @@ from ckpt.domain.journal import DECISION_SUFFIX, JOURNAL_PREFIX
 from ckpt.domain.locator import Locator
 from ckpt.domain.ports import FileInfo, SaveRemoval
 from ckpt.domain.prune import SKIP_ALREADY_GONE
+from ckpt.domain.rules import Item, Kind
 from ckpt.domain.saves import SaveKind, too_large
 
 if TYPE_CHECKING:
@@ -232,6 +234,12 @@ class InMemoryStore(CheckpointStore):
         with self._memory.lock:
             self._memory.drop(self._locator.save_of(location))
 
+    def saves_reader(self, location: str) -> _MemorySaves:
+        """The reader the rules judge the saves location ``location`` through (``ReadsSaves``): its folders
+        and, unlike a reader over the ``WatchStore`` port alone, its files, so single-file saves (Lightning's
+        ``.ckpt``, a configured ``kind = "file"`` rule) are judged here as on POSIX and S3."""
+        return _MemorySaves(self, self._memory, location, self._locator.save_of(location))
+
     def put_raw_entry(self, name: str, *, folder: bool = False) -> None:
         """Put any name into ``pub/``, bypassing validation (to test how malformed names are refused)."""
         with self._memory.lock:
@@ -246,6 +254,25 @@ class InMemoryStore(CheckpointStore):
         """Return the names in ``pub/``, sorted, without parsing them."""
         with self._memory.lock:
             return sorted(self._memory.pub | self._memory.pub_dirs)
+
+
+class _MemorySaves(StoreSaves):
+    """A saves location of an :class:`InMemoryStore`: :class:`StoreSaves`, plus the files it holds."""
+
+    def __init__(self, store: InMemoryStore, memory: _MemoryTree, location: str, path: str) -> None:
+        super().__init__(store, location)
+        self._memory = memory
+        self._inside = f"{path}/" if path else ""
+
+    def items(self) -> list[Item]:
+        found = super().items()
+        with self._memory.lock:
+            names = [p[len(self._inside) :] for p in self._memory.blobs if p.startswith(self._inside)]
+        return found + [Item(name, Kind.FILE) for name in sorted(names) if "/" not in name]
+
+    def is_file(self, path: str) -> bool:
+        with self._memory.lock:
+            return f"{self._inside}{path}" in self._memory.blobs
 
 
 class StaticCredentialSource:
