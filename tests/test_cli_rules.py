@@ -125,6 +125,52 @@ class TestBuiltinRules:
         assert "published 0 save(s)" in result.stderr
 
 
+class TestLightningIntegrationSaves:
+    """Issue 20 case 1: the Lightning integration's saves, ``exec/<attempt>/step-<step>/model.ckpt`` (a file,
+    or a sharded folder), are saves of ``--framework lightning`` (watcher.md §2.8): ``resolve`` and
+    ``resume`` find them, and no warning sends the user to ``--framework dcp``, which refuses them."""
+
+    @staticmethod
+    def write(root: Path, attempt: str) -> Path:
+        folder = root / "exec" / attempt
+        (folder / "step-2").mkdir(parents=True)
+        (folder / "step-2" / "model.ckpt").write_bytes(zip_bytes(100))
+        sharded = folder / "step-4" / "model.ckpt"
+        sharded.mkdir(parents=True)
+        for rank in range(2):
+            (sharded / f"__{rank}_0.distcp").write_bytes(bytes(64))
+        (sharded / ".metadata").write_bytes(b"dcp metadata")
+        (sharded / "meta.pt").write_bytes(zip_bytes(100))
+        (folder / "step-6" / "model.ckpt").mkdir(parents=True)  # a sharded save just begun
+        (folder / "step-6" / "model.ckpt" / "__0_0.distcp").write_bytes(bytes(64))
+        return folder
+
+    def test_resolve_takes_the_newest_whole_one(self, root: Path) -> None:
+        """Published saves: resolve prints the newest whole one (the sharded step 4), skipping step 6."""
+        folder = self.write(root, ATTEMPT)
+        for step in (2, 4, 6):
+            assert ckpt(root, "publish", "--step", str(step), str(folder / f"step-{step}")).returncode == 0
+        resolved = ckpt(root, "resolve", "--framework", "lightning")
+        assert (resolved.returncode, resolved.stdout.strip()) == (0, str(folder / "step-4")), resolved.stderr
+        assert f"ckpt: skipped {folder / 'step-6'}: no model.ckpt/.metadata" in resolved.stderr
+        assert "--framework dcp" not in resolved.stderr
+
+    def test_resume_catches_up_and_prints_the_save(self, root: Path) -> None:
+        """A dead execution's unpublished saves: resume publishes the whole ones at its epoch and prints the
+        newest; watch takes the same ones; neither warns."""
+        folder = self.write(root, "a")
+        (folder / ".ckpt-epoch").write_text("10\n")
+        resumed = ckpt(root, "resume", "--framework", "lightning", "--settle", "0")
+        assert (resumed.returncode, resumed.stdout.strip()) == (0, str(folder / "step-4")), resumed.stderr
+        assert "looks like a save" not in resumed.stderr
+        env = environment(DISPATCH_ATTEMPT="a", DISPATCH_EPOCH="10")
+        watched = ckpt(
+            root, "--json", "watch", "--framework", "lightning", "--settle", "0", "--once", env=env
+        )
+        assert (watched.returncode, published_steps(watched.stdout)) == (0, []), watched.stderr
+        assert "looks like a save" not in watched.stderr
+
+
 class TestConfiguredRule:
     CONFIG = """
 [[frameworks]]

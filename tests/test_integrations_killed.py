@@ -51,6 +51,18 @@ def crash(tmp_path: Path, framework: str, point: str) -> PosixStore:
     return PosixStore(str(root))
 
 
+def lightning_reason(store: PosixStore, location: str) -> str | None:
+    """The built-in ``lightning`` rule's verdict on the save at ``location`` (``None``: complete)."""
+    from ckpt.application.inspection import judge, saves_reader
+    from ckpt.application.rulebook import find_rule
+    from ckpt.domain.rules import Item, Kind
+
+    rule = find_rule("lightning")
+    parent, _, name = location.rstrip("/").rpartition("/")
+    (save,) = rule.saves([Item(name, Kind.FOLDER)])
+    return judge(rule, save, (), saves_reader(store, parent))
+
+
 def job_b(store: PosixStore) -> dict[str, object]:
     return {"root": store.root, "epoch": 20, "attempt": "b", "environ": {}}
 
@@ -95,16 +107,19 @@ class TestLightning:
         """Published checkpoints all end with their zip end record; the resume helper returns the newest
         whole `model.ckpt`, catching up the one written but never published."""
         pytest.importorskip("lightning")
-        from ckpt.integrations.lightning import is_whole_save, resume_location
+        from ckpt.application.rulebook import find_rule
+        from ckpt.integrations.lightning import resume_location
 
         store = crash(tmp_path, "lightning", point)
         assert steps(store) == [(10, KILL_STEP - 2)]
-        killed = Path(store.exec_dir("a")) / f"step-{KILL_STEP}"
-        assert is_whole_save(store, str(killed)) == (point == "main-before-publish")
+        rule = find_rule("lightning")  # the one rule that judges these saves (watcher.md §2.8)
+        killed = f"{store.exec_dir('a')}/step-{KILL_STEP}"
+        assert (lightning_reason(store, killed) is None) == (point == "main-before-publish")
         location = resume_location(**job_b(store))
         assert location == f"{store.exec_dir('a')}/step-{newest}/model.ckpt"
         assert steps(store) == [(10, step) for step in range(KILL_STEP - 2, newest + 1, 2)]
-        assert all(is_whole_save(store, store.location(e)) for e in store.entries())
+        assert all(lightning_reason(store, store.location(e)) is None for e in store.entries())
+        assert resolve_verified(store, rule).entry == store.entries()[-1]
 
 
 class TestAccelerate:

@@ -92,47 +92,143 @@ class TestTwoRanks:
         )
 
 
+def _lightning_reason(store: PosixStore, location: str) -> str | None:
+    """What the built-in ``lightning`` rule says of the save at ``location`` (``None``: complete)."""
+    from ckpt.application.inspection import judge, saves_reader
+    from ckpt.application.rulebook import find_rule
+    from ckpt.domain.rules import Item, Kind
+
+    rule = find_rule("lightning")
+    parent, _, name = location.rstrip("/").rpartition("/")
+    (save,) = rule.saves([Item(name, Kind.FOLDER)])
+    return judge(rule, save, (), saves_reader(store, parent))
+
+
+def _sharded(folder: Path, *, meta: bytes | None, metadata: bool = True, ranks: int = 2) -> None:
+    """A sharded save as ModelParallel writes it into ``folder/model.ckpt/`` (support.lightning_saves)."""
+    checkpoint = folder / "model.ckpt"
+    checkpoint.mkdir(parents=True)
+    for rank in range(ranks):
+        (checkpoint / f"__{rank}_0.distcp").write_bytes(bytes(100))
+    if metadata:
+        (checkpoint / ".metadata").write_bytes(b"dcp metadata")
+    if meta is not None:
+        (checkpoint / "meta.pt").write_bytes(meta)
+
+
+class TestShardedTwoRanks:
+    def test_model_parallel_saves_resume_at_the_right_step(self, tmp_path: Path) -> None:
+        """A real 2-process ModelParallelStrategy run (FSDP2 over the data ranks, CPU, gloo) saves sharded
+        folders, ``step-<step>/model.ckpt/`` with each rank's ``.distcp``, ``.metadata`` and ``meta.pt``,
+        published once every rank is done; the next execution resumes from the newest at its step (it
+        started from step 0 when only a regular ``model.ckpt`` counted, issue 20 case 1), and the verified
+        resolve with the recorded world size of 2 agrees."""
+        pytest.importorskip("lightning")
+        from ckpt.application.rulebook import find_rule
+        from ckpt.application.verify import resolve_verified
+
+        root = tmp_path / "root"
+        root.mkdir()
+        first = run(
+            root,
+            "a",
+            10,
+            tmp_path,
+            "--max-steps",
+            "4",
+            "--sharded",
+            "--slow-rank",
+            "1",
+            "--slow-seconds",
+            "1",
+        )
+        assert [(p["epoch"], p["step"], p["mark"]) for p in first["published"]] == [
+            (10, 2, True),
+            (10, 4, True),
+        ]
+        sharded = root / "exec" / "a" / "step-4" / "model.ckpt"
+        assert sorted(p.name for p in sharded.iterdir()) == [
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+            "meta.pt",
+        ]
+        assert (root / "exec" / "a" / ".ckpt-world-size").read_text() == "2\n"
+        store = PosixStore(str(root))
+        verified = resolve_verified(store, find_rule("lightning"))
+        assert verified.entry is not None
+        assert verified.entry.save == "exec/a/step-4"
+
+        second = run(root, "b", 20, tmp_path, "--max-steps", "6", "--sharded")
+        assert second["resumed_from"] == str(sharded)
+        assert second["started_at"] == 4
+        assert [(p["epoch"], p["step"]) for p in second["published"]] == [(20, 6)]
+
+
 class TestCatchUp:
+    """Issue 20 case 1: the catch-up and the resume of the integration ask the built-in ``lightning`` rule."""
+
     def _record(self, root: Path, attempt: str, epoch: int) -> None:
         from ckpt.catchup import record_epoch
 
         record_epoch(PosixStore(str(root)), attempt, epoch)
 
+    def test_no_completion_check_of_its_own(self) -> None:
+        """``is_whole_save`` is gone, and the module no longer asks ``newest_with_file``."""
+        pytest.importorskip("lightning")
+        import inspect
+
+        from ckpt.integrations import lightning
+
+        assert not hasattr(lightning, "is_whole_save")
+        assert "newest_with_file" not in inspect.getsource(lightning)
+
     def test_whole_saves_only(self, tmp_path: Path) -> None:
-        """A torch.save file with its zip end record is whole; a truncated one, or a sharded folder without
-        meta.pt, is not."""
+        """A torch.save file is whole; one cut short, one with bytes after its end record (an end record in
+        the last 64 KiB that does not end the file), a sharded folder without meta.pt, and one whose meta.pt
+        is a single byte are not: only the whole ones are caught up, and the job resumes from the newest."""
         torch = pytest.importorskip("torch")
-        from ckpt.integrations.lightning import is_whole_save
+        from ckpt.integrations.lightning import resume_location
+
+        self._record(tmp_path, "a", 10)
+        saves = tmp_path / "exec" / "a"
+        whole = saves / "step-1"
+        whole.mkdir(parents=True)
+        torch.save({"weights": torch.ones(64)}, whole / "model.ckpt")
+        data = (whole / "model.ckpt").read_bytes()
+        (saves / "step-2").mkdir()
+        (saves / "step-2" / "model.ckpt").write_bytes(data[:-30])
+        (saves / "step-3").mkdir()
+        (saves / "step-3" / "model.ckpt").write_bytes(data + bytes(100))
+        _sharded(saves / "step-4", meta=None)
+        _sharded(saves / "step-5", meta=b"p")
+        store = PosixStore(str(tmp_path))
+        assert _lightning_reason(store, str(saves / "step-1")) is None
+        assert "not a complete zip" in str(_lightning_reason(store, str(saves / "step-3")))
+        assert _lightning_reason(store, str(saves / "step-4")) == "no model.ckpt/meta.pt"
+        assert "model.ckpt/meta.pt is not a complete zip" in str(
+            _lightning_reason(store, str(saves / "step-5"))
+        )
+        assert resume_location(root=str(tmp_path), epoch=20, attempt="b", environ={}, settle=0) == str(
+            whole / "model.ckpt"
+        )
+        assert [(e.epoch, e.save) for e in store.entries()] == [(10, "exec/a/step-1")]
+
+    def test_two_whole_sharded_saves_resume_from_the_newest(self, tmp_path: Path) -> None:
+        """Two whole sharded saves, published: the job resumes from the newer one's model.ckpt folder (it
+        restarted from step 0 when only a regular model.ckpt counted)."""
+        pytest.importorskip("lightning")
+        from ckpt.integrations.lightning import resume_location
+        from support.lightning_saves import meta_pt
 
         store = PosixStore(str(tmp_path))
-        whole = tmp_path / "step-1"
-        whole.mkdir()
-        torch.save({"weights": torch.ones(64)}, whole / "model.ckpt")
-        cut = tmp_path / "step-2"
-        cut.mkdir()
-        (cut / "model.ckpt").write_bytes((whole / "model.ckpt").read_bytes()[:-30])
-        sharded = tmp_path / "step-3" / "model.ckpt"
-        sharded.mkdir(parents=True)
-        (sharded / ".metadata").write_bytes(b"m")
-        assert is_whole_save(store, str(whole))
-        assert not is_whole_save(store, str(cut))
-        assert not is_whole_save(store, str(tmp_path / "step-3"))
-        (sharded / "meta.pt").write_bytes(b"p")
-        assert is_whole_save(store, str(tmp_path / "step-3"))
-
-    def test_a_big_checkpoint_is_judged_by_its_tail(self, tmp_path: Path) -> None:
-        """A 96 MiB (sparse) file is whole when its last bytes hold the zip end record, and not otherwise."""
-        pytest.importorskip("lightning")
-        from ckpt.integrations.lightning import is_whole_save
-
-        save = tmp_path / "step-1"
-        save.mkdir()
-        with (save / "model.ckpt").open("wb") as f:
-            f.truncate(96 << 20)
-        assert not is_whole_save(PosixStore(str(tmp_path)), str(save))
-        with (save / "model.ckpt").open("ab") as f:
-            f.write(b"PK\x05\x06" + bytes(18))
-        assert is_whole_save(PosixStore(str(tmp_path)), str(save))
+        for step in (2, 4):
+            save = tmp_path / "exec" / "a" / f"step-{step}"
+            _sharded(save, meta=meta_pt())
+            store.publish(10, step, str(save))
+        assert resume_location(root=str(tmp_path), epoch=20, attempt="b", environ={}) == str(
+            tmp_path / "exec" / "a" / "step-4" / "model.ckpt"
+        )
 
     def test_resume_publishes_what_the_dead_execution_left(self, tmp_path: Path) -> None:
         """The next start publishes a whole unpublished save at the dead execution's epoch and resumes
@@ -147,10 +243,75 @@ class TestCatchUp:
         cut = tmp_path / "exec" / "a" / "step-9"
         cut.mkdir()
         (cut / "model.ckpt").write_bytes((whole / "model.ckpt").read_bytes()[:100])
-        assert resume_location(root=str(tmp_path), epoch=20, attempt="b", environ={}) == str(
+        assert resume_location(root=str(tmp_path), epoch=20, attempt="b", environ={}, settle=0) == str(
             whole / "model.ckpt"
         )
         assert [(e.epoch, e.step) for e in PosixStore(str(tmp_path)).entries()] == [(10, 8)]
+
+    def test_the_dead_executions_world_size_decides(self, tmp_path: Path) -> None:
+        """A sharded save with per-rank DCP metadata (``__<r>.metadata``) and no ``.metadata`` is whole only
+        for the world size the execution that wrote it recorded: 2 ranks' files for a record of 2; with 3
+        recorded it is not, whatever the size of the resuming run (``WORLD_SIZE=1``)."""
+        pytest.importorskip("lightning")
+        from ckpt.catchup import record_world_size
+        from ckpt.integrations.lightning import resume_location
+        from support.lightning_saves import meta_pt
+
+        for recorded, expected in ((2, "step-4"), (3, None)):
+            root = tmp_path / str(recorded)
+            root.mkdir()
+            self._record(root, "a", 10)
+            record_world_size(PosixStore(str(root)), "a", recorded)
+            save = root / "exec" / "a" / "step-4"
+            _sharded(save, meta=meta_pt(), metadata=False)
+            for rank in range(2):
+                (save / "model.ckpt" / f"__{rank}.metadata").write_bytes(b"rank metadata")
+            found = resume_location(
+                root=str(root), epoch=20, attempt="b", environ={"WORLD_SIZE": "1"}, settle=0
+            )
+            assert found == (None if expected is None else str(save / "model.ckpt")), recorded
+
+
+class TestShardedSaveFileByFile:
+    """The exact on-disk sequence of a 2-process sharded save (``support.lightning_saves``, from Lightning's
+    and DCP's source), cut at every file boundary: the catch-up publishes nothing and verified resolve passes
+    the save over until ``meta.pt`` is whole, then both take it."""
+
+    def test_every_cut_until_the_last_file(self, tmp_path: Path) -> None:
+        pytest.importorskip("lightning")
+        from ckpt.application.rulebook import find_rule
+        from ckpt.application.verify import resolve_verified
+        from ckpt.catchup import record_world_size
+        from ckpt.integrations.lightning import resume_location
+        from support.lightning_saves import sharded_states
+
+        states = sharded_states(2)
+        assert [s.whole for s in states].count(True) == 1
+        assert states[-1].whole
+        for index, state in enumerate(states):
+            for path in ("catch-up", "verified"):
+                root = tmp_path / f"{index}-{path}"
+                root.mkdir()
+                store = PosixStore(str(root))
+                self._write(root, state, store, record_world_size)
+                save = root / "exec" / "a" / "step-4"
+                if path == "catch-up":
+                    found = resume_location(root=str(root), epoch=20, attempt="b", environ={}, settle=0)
+                    assert found == (str(save / "model.ckpt") if state.whole else None), state.name
+                    assert len(store.entries()) == int(state.whole), state.name
+                else:
+                    store.publish(10, 4, str(save))
+                    verified = resolve_verified(store, find_rule("lightning"))
+                    assert (verified.entry is not None) == state.whole, (state.name, verified.skipped)
+
+    @staticmethod
+    def _write(root: Path, state: Any, store: PosixStore, record_world_size: Any) -> None:
+        from ckpt.catchup import record_epoch
+        from support.lightning_saves import write_tree
+
+        record_epoch(store, "a", 10)
+        record_world_size(store, "a", 2)
+        write_tree(root / "exec" / "a" / "step-4" / "model.ckpt", state.files)
 
 
 class TestCatchUpOnS3:

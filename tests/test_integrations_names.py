@@ -22,6 +22,8 @@ HF_TOO_LONG = "a" * 97  # exec/<97>/checkpoint-18446744073709551615 is 134 bytes
 HF_BOUNDARY = "a" * 96  # 133 bytes
 STEP_TOO_LONG = "a" * 103  # exec/<103>/step-18446744073709551615 is 134 bytes
 STEP_BOUNDARY = "a" * 102
+LIGHTNING_TOO_LONG = "a" * 98  # exec/<98>/step=18446744073709551615.ckpt is 134 bytes: the lightning rule's
+LIGHTNING_BOUNDARY = "a" * 97  # longest save name, its integration's step-<step> folders included
 
 
 def settings(root: Path, attempt: str) -> dict[str, Any]:
@@ -85,19 +87,20 @@ class TestConstructors:
         CkptDCP(**settings(tmp_path, STEP_BOUNDARY))
 
     def test_lightning(self, tmp_path: Path) -> None:
-        """``CkptModelCheckpoint`` and Lightning's ``resume_location`` refuse (the save: ``step-<step>``)."""
+        """``CkptModelCheckpoint`` and Lightning's ``resume_location`` refuse with the ``lightning`` rule's
+        longest save name, the rule that judges the integration's ``step-<step>`` saves (watcher.md §2.8)."""
         pytest.importorskip("lightning")
         from ckpt.integrations.lightning import CkptModelCheckpoint
         from ckpt.integrations.lightning import resume_location as lightning_resume
 
         with pytest.raises(InvalidError) as caught:
-            CkptModelCheckpoint(settings=settings(tmp_path, STEP_TOO_LONG))
-        assert_refused(caught, STEP_TOO_LONG, "Lightning saves", "step-18446744073709551615")
+            CkptModelCheckpoint(settings=settings(tmp_path, LIGHTNING_TOO_LONG))
+        assert_refused(caught, LIGHTNING_TOO_LONG, "lightning saves", "step=18446744073709551615.ckpt")
         with pytest.raises(InvalidError) as caught:
-            lightning_resume(**settings(tmp_path, STEP_TOO_LONG))
-        assert_refused(caught, STEP_TOO_LONG, "Lightning saves", "step-18446744073709551615")
+            lightning_resume(**settings(tmp_path, LIGHTNING_TOO_LONG))
+        assert_refused(caught, LIGHTNING_TOO_LONG, "lightning saves", "step=18446744073709551615.ckpt")
         assert_nothing_written(tmp_path)
-        CkptModelCheckpoint(settings=settings(tmp_path, STEP_BOUNDARY))
+        CkptModelCheckpoint(settings=settings(tmp_path, LIGHTNING_BOUNDARY))
 
     def test_accelerate(self, tmp_path: Path) -> None:
         """``CkptAccelerate`` refuses before it could ``wait_for_everyone``."""

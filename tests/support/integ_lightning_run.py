@@ -1,10 +1,11 @@
 """One rank of a real 2-process Lightning DDP run on CPU (gloo) with ``CkptModelCheckpoint``, for the tests.
 
 ``python -m support.integ_lightning_run --out FILE --marks DIR --max-steps N [--slow-rank R --slow-seconds S]
-[--async-io]`` with the launcher's and the job's variables set. Rank ``R`` sleeps in ``on_save_checkpoint``
-(before every save) and then creates ``DIR/rank-R-step-<step>``, so a publication that came before every
-rank reached the save's barrier would not find that mark. The main process writes ``FILE``: each
-publication with whether the mark existed and the checkpoint file's size at that moment; where it resumed
+[--async-io] [--sharded]`` with the launcher's and the job's variables set. Rank ``R`` sleeps in
+``on_save_checkpoint`` (before every save) and then creates ``DIR/rank-R-step-<step>``, so a publication
+that came before every rank reached the save's barrier would not find that mark. The main process writes
+``FILE``: each publication with whether the mark existed and the checkpoint file's size at that moment;
+where it resumed
 from; the global step training started at.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
 from ckpt.domain.entries import Entry
@@ -42,6 +44,12 @@ class Tiny(LightningModule):
         x, y = batch
         return ((self.layer(x).squeeze(-1) - y) ** 2).mean()
 
+    def configure_model(self) -> None:
+        if self.device_mesh is not None:  # ModelParallelStrategy (--sharded): shard over the data ranks
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.layer, mesh=self.device_mesh["data_parallel"])
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -62,6 +70,7 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-seconds", type=float, default=0.0)
     parser.add_argument("--async-io", action="store_true")
+    parser.add_argument("--sharded", action="store_true")
     options = parser.parse_args()
     marks = Path(options.marks)
 
@@ -80,7 +89,9 @@ def main() -> None:
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp",
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+        if options.sharded
+        else "ddp",
         max_steps=options.max_steps,
         callbacks=[checkpoint],
         plugins=[CkptAsyncCheckpointIO()] if options.async_io else None,

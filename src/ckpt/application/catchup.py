@@ -21,7 +21,7 @@ it does no I/O of its own, so it runs the same on every store:
    ``sub_folder`` (``ckpt.domain.catchup`` rule 7) each watcher watches ``exec/<attempt>/<sub_folder>``.
 3. :func:`resume` then resolves, verified against the framework's rule. Before anything else it refuses an
    attempt whose folder is too long for the rule's longest save name (``ckpt.domain.room``).
-4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Lightning, Accelerate):
+4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Accelerate):
    the caller says when a save is whole; there is no settle, so that must be a real completion check.
    Like :func:`catch_up`, it looks into the saves ``sub_folder`` of every execution and hands a check that
    takes one the world size of the run that wrote the target (its folder's record, else the one given).

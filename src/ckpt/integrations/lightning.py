@@ -24,12 +24,15 @@ Rules (from Lightning's source, docs/integrations/lightning.md):
    not exist yet). Async IO is for single-file strategies (only the main process writes).
 5. ``save_top_k`` defaults to -1 (keep all): Lightning's own deletions would leave published folders empty;
    prune with ``ckpt prune`` instead.
-6. :func:`resume_location` first catches up what earlier executions wrote but never published (a crash a
-   moment after the barrier, or during an async write) with :func:`is_whole_save` as the completion check,
-   since there is no watcher rule for Lightning; then it resolves.
-7. An execution folder too long for ``step-18446744073709551615`` (the longest save, spec/names.md §4.5)
-   is an ``InvalidError`` when ``CkptModelCheckpoint`` is made and when :func:`resume_location` is called,
-   on every rank, before any save or epoch record.
+6. :func:`resume_location` is :func:`ckpt.integrations.core.resume_location` with the built-in ``lightning``
+   rule, whose layout 1b is this module's ``step-<step>/model.ckpt`` (docs/spec/watcher.md §2.8): it
+   catches up what earlier executions wrote but never published (a crash a moment after the barrier, or
+   during an async write), judged by that rule with the world size the dead execution recorded, then
+   resolves verified, and returns the ``model.ckpt`` inside the save. There is no completion check here.
+7. An execution folder too long for the ``lightning`` rule's longest save name,
+   ``step=18446744073709551615.ckpt`` (spec/names.md §4.5, watcher.md §1.5), is an ``InvalidError`` when
+   ``CkptModelCheckpoint`` is made and when :func:`resume_location` is called, on every rank, before any
+   save or epoch record.
 """
 
 from __future__ import annotations
@@ -40,24 +43,31 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
+from ckpt.application.rulebook import find_rule
+from ckpt.domain.catchup import execution_saves
 from ckpt.domain.entries import parse_step
-from ckpt.domain.errors import InvalidError, StorageError
-from ckpt.domain.ports import WatchStore
-from ckpt.integrations.core import Job, Publisher, newest_with_file, open_job
+from ckpt.domain.errors import InvalidError
+from ckpt.domain.room import require_rule_room
+from ckpt.domain.rules.lightning import CHECKPOINT
+from ckpt.integrations.core import Job, Publisher, open_job
+from ckpt.integrations.core import resume_location as _resume_location
 
 __all__ = [
     "CHECKPOINT_FILE",
     "CkptAsyncCheckpointIO",
     "CkptModelCheckpoint",
-    "is_whole_save",
     "resume_location",
 ]
 
-CHECKPOINT_FILE = "model.ckpt"
+CHECKPOINT_FILE = CHECKPOINT  # "model.ckpt", inside each step-<step> save folder
 _FOLDER_PREFIX = "step-"
-_LONGEST_TEMPLATE = f"{_FOLDER_PREFIX}{{step}}"  # the save is the folder; model.ckpt is inside it
-_ZIP_END_RECORD = b"PK\x05\x06"
-_ZIP_TAIL = 22 + 65535  # the end record is within the last 22 bytes plus the longest zip comment
+RULE = "lightning"
+"""The built-in rule that judges this module's saves (its layout 1b: ``step-<step>/model.ckpt``)."""
+
+
+def _require_room(job: Job) -> None:
+    """Rule 7: refuse, on every rank, an execution folder too long for the ``lightning`` rule's saves."""
+    require_rule_room(execution_saves(job.attempt, ""), find_rule(RULE), what=f"attempt {job.attempt!r}")
 
 
 def _save_folder_step(filepath: str) -> tuple[str, int] | None:
@@ -117,7 +127,7 @@ class CkptModelCheckpoint(ModelCheckpoint):  # type: ignore[misc,unused-ignore] 
                     f"{fixed} is decided by CkptModelCheckpoint (saves go to <exec>/step-<step>/)"
                 )
         self.job = job if job is not None else open_job(**(settings or {}))
-        self.job.require_room(_LONGEST_TEMPLATE, "Lightning saves")  # rule 7, before any save
+        _require_room(self.job)  # rule 7, before any save
         options.setdefault("save_top_k", -1)
         super().__init__(
             dirpath=self.job.saves_location,
@@ -158,59 +168,24 @@ class CkptModelCheckpoint(ModelCheckpoint):  # type: ignore[misc,unused-ignore] 
         self.publisher.publish_now(step, folder)
 
 
-def is_whole_save(store: WatchStore, location: str) -> bool:
-    """Whether the ``step-<step>`` save at ``location`` is whole: the catch-up's completion check.
+def resume_location(*, catch_up: bool = True, settle: float | None = None, **settings: Any) -> str | None:
+    """The ``ckpt_path`` to pass to ``trainer.fit``, or ``None`` on a first run (rule 6).
 
-    A single file: ``model.ckpt`` ends with a zip end-of-central-directory record (``torch.save`` writes it
-    last; Lightning stages in ``$TMPDIR`` and, across file systems, copies into place, so a file can be
-    seen growing). A sharded save: ``model.ckpt/.metadata`` (DCP renames it in after every rank) and
-    ``model.ckpt/meta.pt`` (written by the main process after it) are both there.
-    """
-    tail = _tail(store, location)
-    if tail is None:
-        return store.exists(location, f"{CHECKPOINT_FILE}/.metadata") and store.exists(
-            location, f"{CHECKPOINT_FILE}/meta.pt"
-        )
-    return _ZIP_END_RECORD in tail
-
-
-def _tail(store: WatchStore, location: str) -> bytes | None:
-    """The end of ``model.ckpt``, or ``None`` when it is not a file (absent, or a sharded save's folder).
-
-    Read through the store's saves reader (``ckpt.application.inspection.saves_reader``): only the last bytes,
-    whatever the size, on POSIX (``pread``) and S3 (a ranged GET); another store reads the file through its
-    port, and a file too big for that counts as not whole (a save the catch-up cannot judge stays
-    unpublished).
-    """
-    from ckpt.application.inspection import StoreSaves, saves_reader
-
-    reader = saves_reader(store, location)
-    try:
-        tail = reader.tail(CHECKPOINT_FILE, _ZIP_TAIL)
-    except StorageError:
-        if not isinstance(reader, StoreSaves):
-            raise  # the store's own reader failed: an outage, not a verdict on the save
-        return b""
-    return None if tail is None else tail.data
-
-
-def resume_location(*, catch_up: bool = True, **settings: Any) -> str | None:
-    """The ``ckpt_path`` to pass to ``trainer.fit``, or ``None`` on a first run.
-
-    First publishes, under their own epochs, the whole saves earlier executions never published
-    (:func:`is_whole_save`; no settle); then returns the newest published ``model.ckpt`` still on disk. It
-    is usually called before ``fit`` sets up the process group, so every rank does this itself: the checks
-    are deterministic on a dead execution's files and an existing entry counts as published, so every rank
-    gets the same answer. ``settings`` are :func:`~ckpt.integrations.core.open_job`'s, or ``job=``.
+    :func:`ckpt.integrations.core.resume_location` with the ``lightning`` rule: first publishes, under their
+    own epochs, the complete saves earlier executions never published (judged by the rule, with the world
+    size each execution recorded; ``settle`` as ``ckpt resume --settle``, default the rule's), then returns
+    the newest published save the rule finds complete now: its ``model.ckpt`` for a ``step-<step>`` save
+    (a file or a sharded folder), the save itself for a ``…step=<step>….ckpt`` one. It is usually called
+    before ``fit`` sets up the process group, so every rank does this itself: the checks are deterministic
+    on a dead execution's files and an existing entry counts as published, so every rank gets the same
+    answer. ``settings`` are :func:`~ckpt.integrations.core.open_job`'s, or ``job=``. The core refuses an
+    execution folder too long for the rule's saves first (rule 7).
     """
     job = settings.pop("job", None) or open_job(**settings)
-    job.require_room(_LONGEST_TEMPLATE, "Lightning saves")  # rule 7, before the epoch record
-    if catch_up:
-        from ckpt.catchup import catch_up_folders, record_epoch
-
-        record_epoch(job.store, job.attempt, job.epoch)
-        catch_up_folders(
-            job.store, is_whole_save, folder_prefix=_FOLDER_PREFIX, attempt=job.attempt, epoch=job.epoch
-        )
-    found = newest_with_file(job.store, CHECKPOINT_FILE, folder_prefix=_FOLDER_PREFIX)
-    return None if found is None else f"{found.rstrip('/')}/{CHECKPOINT_FILE}"
+    found = _resume_location(find_rule(RULE), job=job, settle=settle, catch_up=catch_up)
+    if found is None:
+        return None
+    found = found.rstrip("/")
+    if _save_folder_step(f"{found}/{CHECKPOINT_FILE}") is None:
+        return found  # a ModelCheckpoint file or folder of the rule's layout 1a: the checkpoint itself
+    return f"{found}/{CHECKPOINT_FILE}"
