@@ -52,7 +52,7 @@ class TestFindRule:
         with pytest.raises(InvalidError) as caught:
             find_rule("pytorch", configured=CONFIGURED)
         assert str(caught.value) == (
-            "framework 'pytorch' is not one of hf, dcp, lightning, deepspeed, megatron, nemo, orbax, "
+            "framework 'pytorch' is not one of hf, dcp, lightning, deepspeed, megatron, nemo, orbax, accelerate, "
             "mytrainer, done-marker (built in, configured, or installed)"
         )
 
