@@ -52,8 +52,8 @@ class TestFindRule:
         with pytest.raises(InvalidError) as caught:
             find_rule("pytorch", configured=CONFIGURED)
         assert str(caught.value) == (
-            "framework 'pytorch' is not one of hf, dcp, lightning, deepspeed, megatron, nemo, orbax, accelerate, "
-            "mytrainer, done-marker (built in, configured, or installed)"
+            "framework 'pytorch' is not one of hf, dcp, lightning, deepspeed, megatron, nemo, orbax, "
+            "accelerate, mytrainer, done-marker (built in, configured, or installed)"
         )
 
     def test_plugin(self, installed: None) -> None:
