@@ -356,6 +356,7 @@ class TestSettle:
             "megatron": 0.0,
             "nemo": 0.0,
             "orbax": 0.0,
+            "accelerate": 4.0,
         }
         assert {n: r.settle_time(4.0, 9.0) for n, r in rules.items() if r} == {
             **dict.fromkeys(BUILTIN, 9.0),

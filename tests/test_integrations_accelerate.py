@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from ckpt.adapters.posix import PosixStore
-from ckpt.integrations.core import Publisher, newest_with_file, open_job
+from ckpt.application.rulebook import find_rule
+from ckpt.application.verify import resolve_verified
+from ckpt.integrations.core import Publisher, open_job
 from support.integ_launch import run_ranks
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -49,58 +51,133 @@ class TestTwoProcesses:
         zombie = Publisher(open_job(root=str(root), epoch=10, attempt="a", environ={}), is_main=True)
         shutil.copytree(root / "exec" / "a" / "step-4", root / "exec" / "a" / "step-900")
         assert zombie.publish(900, str(root / "exec" / "a" / "step-900")) is not None
-        newest = newest_with_file(store, "random_states_0.pkl", folder_prefix="step-")
-        assert newest == str(root / "exec" / "b" / "step-6")
+        newest = resolve_verified(store, find_rule("accelerate")).entry
+        assert newest is not None
+        assert store.location(newest) == str(root / "exec" / "b" / "step-6")
+
+
+def two_processes(**more: Any) -> Any:
+    """What CkptAccelerate uses of an Accelerator, for the main one of two processes."""
+    from types import SimpleNamespace
+
+    fields = {"num_processes": 2, "is_main_process": True, "wait_for_everyone": lambda: None, **more}
+    return SimpleNamespace(**fields)
+
+
+def torch_saved(state: object) -> bytes:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def lay_out(root: Path, attempt: str, saves: dict[int, dict[str, bytes]]) -> None:
+    for step, files in saves.items():
+        save = root / "exec" / attempt / f"step-{step}"
+        save.mkdir(parents=True)
+        for name, data in files.items():
+            (save / name).write_bytes(data)
 
 
 class TestCatchUp:
-    def test_resume_publishes_only_saves_every_process_finished(self, tmp_path: Path) -> None:
-        """A save with every process's RNG state whole is caught up at its epoch and resumed from; one
-        missing a process's file, or with a cut-off pickle, is not."""
-        pytest.importorskip("accelerate")
-        from types import SimpleNamespace
+    """The helper's catch-up asks the accelerate rule (spec/watcher.md §2.12) with the writing run's world
+    size; each test is a defect of the check the integration kept before (issue 20, case 2)."""
 
-        from ckpt.catchup import record_epoch
+    def resume(self, root: Path, **accelerator: Any) -> str | None:
         from ckpt.integrations.accelerate import CkptAccelerate
+
+        saver = CkptAccelerate(
+            two_processes(**accelerator), root=str(root), epoch=20, attempt="b", environ={}
+        )
+        return saver.resume_location()
+
+    def test_a_save_of_more_processes_than_the_resuming_run(self, tmp_path: Path) -> None:
+        """A 4-process save whose processes 2-3 never wrote their RNG state is not caught up by a 2-process
+        resume: the record of the run that wrote it (4) counts, not the resuming run's 2."""
+        pytest.importorskip("accelerate")
+        from ckpt.catchup import record_epoch, record_world_size
 
         store = PosixStore(str(tmp_path))
         record_epoch(store, "a", 10)
-        pickled = b"\x80\x04K\x01."  # pickle of 1: ends with STOP
-        for step, files in {
-            4: {"random_states_0.pkl": pickled, "random_states_1.pkl": pickled},
-            6: {"random_states_0.pkl": pickled},
-            8: {"random_states_0.pkl": pickled, "random_states_1.pkl": pickled[:-1]},
-        }.items():
-            save = tmp_path / "exec" / "a" / f"step-{step}"
-            save.mkdir(parents=True)
-            for name, data in files.items():
-                (save / name).write_bytes(data)
-        # What CkptAccelerate uses of an Accelerator, for two processes, on the main one.
-        accelerator = SimpleNamespace(num_processes=2, is_main_process=True, wait_for_everyone=lambda: None)
-        saver = CkptAccelerate(accelerator, root=str(tmp_path), epoch=20, attempt="b", environ={})
-        assert saver.resume_location() == str(tmp_path / "exec" / "a" / "step-4")
-        assert [(e.epoch, e.step) for e in store.entries()] == [(10, 4)]
+        record_world_size(store, "a", 4)
+        state = torch_saved({"step": 1})
+        lay_out(
+            tmp_path,
+            "a",
+            {
+                2: {f"random_states_{p}.pkl": state for p in range(4)},
+                4: {f"random_states_{p}.pkl": state for p in range(2)},
+            },
+        )
+        assert self.resume(tmp_path) == str(tmp_path / "exec" / "a" / "step-2")
+        assert [(e.epoch, e.step) for e in store.entries()] == [(10, 2)]
+
+    def test_a_save_before_its_custom_checkpoint(self, tmp_path: Path) -> None:
+        """The main process writes custom_checkpoint_<i>.pkl after its RNG state; a save killed before it
+        (the manifest counts one object) is not caught up: load_state would raise on it."""
+        pytest.importorskip("accelerate")
+        from ckpt.catchup import record_epoch, record_world_size
+        from ckpt.domain.rules.accelerate import MANIFEST
+
+        store = PosixStore(str(tmp_path))
+        record_epoch(store, "a", 10)
+        record_world_size(store, "a", 2)
+        state = torch_saved({"step": 1})
+        whole = {
+            "random_states_0.pkl": state,
+            "random_states_1.pkl": state,
+            MANIFEST: b'{"custom_objects": 1}',
+        }
+        lay_out(tmp_path, "a", {2: {**whole, "custom_checkpoint_0.pkl": state}, 4: whole})
+        assert self.resume(tmp_path, _custom_objects=[object()]) == str(tmp_path / "exec" / "a" / "step-2")
+        assert [(e.epoch, e.step) for e in store.entries()] == [(10, 2)]
+
+    def test_a_torn_legacy_pickle(self, tmp_path: Path) -> None:
+        """A plain pickle cut right after a '.' byte inside its data starts with PROTO and ends with 0x2e,
+        which the old check took for whole; the rule walks its opcodes and refuses it."""
+        pytest.importorskip("accelerate")
+        import pickle
+
+        from ckpt.catchup import record_epoch, record_world_size
+
+        store = PosixStore(str(tmp_path))
+        record_epoch(store, "a", 10)
+        record_world_size(store, "a", 2)
+        whole = pickle.dumps({"seed": b"a.b", "step": 4}, protocol=2)
+        torn = whole[: whole.index(b"a.") + 2]
+        assert torn.startswith(b"\x80")
+        assert torn.endswith(b".")
+        lay_out(
+            tmp_path,
+            "a",
+            {
+                2: {"random_states_0.pkl": whole, "random_states_1.pkl": whole},
+                4: {"random_states_0.pkl": whole, "random_states_1.pkl": torn},
+            },
+        )
+        assert self.resume(tmp_path) == str(tmp_path / "exec" / "a" / "step-2")
 
     def test_a_real_torch_save_is_whole_and_every_cut_of_it_is_not(self, tmp_path: Path) -> None:
         """Accelerate writes random_states_<i>.pkl with torch.save, a zip: whole with its end record at
-        the very end, not whole when cut anywhere (found by the SIGKILL test: the STOP-opcode check alone
-        judged every real save unfinished, so catch-up never published one)."""
+        the very end, not whole when cut anywhere (the rule's zip check, spec/watcher.md §2.4)."""
         pytest.importorskip("accelerate")
-        import io
-        from types import SimpleNamespace
-
         import torch
 
-        from ckpt.integrations.accelerate import CkptAccelerate
+        from ckpt.catchup import record_epoch, record_world_size
 
-        buffer = io.BytesIO()
-        torch.save({"step": 4, "torch_manual_seed": torch.get_rng_state()}, buffer)
-        whole = buffer.getvalue()
+        whole = torch_saved({"step": 4, "torch_manual_seed": torch.get_rng_state()})
         store = PosixStore(str(tmp_path))
-        accelerator = SimpleNamespace(num_processes=1, is_main_process=True, wait_for_everyone=lambda: None)
-        saver = CkptAccelerate(accelerator, root=str(tmp_path), epoch=20, attempt="b", environ={})
-        save = tmp_path / "exec" / "a" / "step-4"
-        save.mkdir(parents=True)
+        record_epoch(store, "a", 10)
+        record_world_size(store, "a", 1)
+        lay_out(tmp_path, "a", {4: {"random_states_0.pkl": whole}})
+        from ckpt.application.inspection import judge, saves_reader
+        from ckpt.domain.rules import Save
+
+        rule = find_rule("accelerate", world_size=1)
+        reader = saves_reader(store, store.exec_dir("a"))
         for cut in (len(whole), len(whole) - 1, len(whole) - 22, len(whole) // 2, 1):
-            (save / "random_states_0.pkl").write_bytes(whole[:cut])
-            assert saver.is_whole_save(store, str(save)) == (cut == len(whole)), cut
+            (tmp_path / "exec" / "a" / "step-4" / "random_states_0.pkl").write_bytes(whole[:cut])
+            assert (judge(rule, Save(4, "step-4"), (), reader) is None) == (cut == len(whole)), cut

@@ -14,11 +14,11 @@ The Hugging Face run has the same test in ``tests/test_integrations_hf.py::TestK
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -124,21 +124,53 @@ class TestLightning:
 
 class TestAccelerate:
     @pytest.mark.parametrize(
-        ("point", "newest"), [("rank1-before-save", KILL_STEP - 2), ("main-before-publish", KILL_STEP)]
+        ("point", "newest"),
+        [
+            ("rank1-before-save", KILL_STEP - 2),
+            ("main-before-custom", KILL_STEP - 2),
+            ("main-between-custom", KILL_STEP - 2),
+            ("main-before-publish", KILL_STEP),
+        ],
     )
     def test_killed_save_state(self, tmp_path: Path, point: str, newest: int) -> None:
-        """Published saves all hold every process's whole RNG state; the resume helper returns the newest
-        save both processes finished, catching up the one killed before its publication."""
+        """Killed at each file boundary of a save that matters (process 1's part; the main process's
+        custom_checkpoint_<i>.pkl, written last; the publication), the next start resumes from a save
+        Accelerate's load_state loads, both through the integration's helper (a real 2-process run that
+        loads it) and through `ckpt resume --framework accelerate --world-size 2`; both catch up the save
+        killed only before its publication, and every published save is complete by the accelerate rule."""
         pytest.importorskip("accelerate")
-        from ckpt.integrations.accelerate import CkptAccelerate
+        import shutil
+
+        from ckpt.application.rulebook import find_rule
+        from support.integ_launch import run_ranks
 
         store = crash(tmp_path, "accelerate", point)
         assert steps(store) == [(10, KILL_STEP - 2)]
-        # The next start's own Accelerator only tells the helper how many processes there are.
-        two = SimpleNamespace(is_main_process=True, num_processes=2, wait_for_everyone=lambda: None)
-        saver = CkptAccelerate(two, **job_b(store))  # type: ignore[arg-type]
-        killed = f"{store.exec_dir('a')}/step-{KILL_STEP}"
-        assert saver.is_whole_save(store, killed) == (point == "main-before-publish")
-        assert saver.resume_location() == f"{store.exec_dir('a')}/step-{newest}"
+        killed = Path(store.exec_dir("a")) / f"step-{KILL_STEP}"
+        assert (killed / "custom_checkpoint_0.pkl").exists() == (point != "main-before-custom")
+        copy = tmp_path / "copy"
+        shutil.copytree(store.root, copy)
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_"))}
+        env.update({"CKPT_ROOT": store.root, "DISPATCH_EPOCH": "20", "DISPATCH_ATTEMPT": "b"})
+        resumed = subprocess.run(
+            [sys.executable, "-m", "ckpt", "resume", "--framework", "accelerate", "--world-size", "2"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert (resumed.returncode, resumed.stdout) == (0, f"{store.exec_dir('a')}/step-{newest}\n"), (
+            resumed.stderr
+        )
         assert steps(store) == [(10, step) for step in range(KILL_STEP - 2, newest + 1, 2)]
-        assert all(saver.is_whole_save(store, store.location(e)) for e in store.entries())
+        verified = resolve_verified(store, find_rule("accelerate"))
+        assert verified.entry is not None
+        assert (verified.entry.step, verified.skipped) == (newest, ())
+
+        out = tmp_path / "b.json"
+        job = {"CKPT_ROOT": str(copy), "DISPATCH_EPOCH": "20", "DISPATCH_ATTEMPT": "b"}
+        args = ["--out", str(out), "--until", str(newest + 2), "--custom", "2"]
+        run_ranks("support.integ_accelerate_run", args, world_size=2, env=job)  # load_state must succeed
+        report = json.loads(out.read_text())
+        assert report["resumed_from"] == f"{copy}/exec/a/step-{newest}"
+        assert report["start"] == newest + 1
+        again = PosixStore(str(copy))
+        assert steps(again) == [*((10, s) for s in range(KILL_STEP - 2, newest + 1, 2)), (20, newest + 2)]

@@ -53,7 +53,7 @@ class TestFindRule:
             find_rule("pytorch", configured=CONFIGURED)
         assert str(caught.value) == (
             "framework 'pytorch' is not one of hf, dcp, lightning, deepspeed, megatron, nemo, orbax, "
-            "mytrainer, done-marker (built in, configured, or installed)"
+            "accelerate, mytrainer, done-marker (built in, configured, or installed)"
         )
 
     def test_plugin(self, installed: None) -> None:

@@ -1,10 +1,11 @@
 """One process of a real Accelerate run on CPU with ``CkptAccelerate``, for the integration tests.
 
-``python -m support.integ_accelerate_run --out FILE --until N [--slow-rank R --slow-seconds S]`` with the
-launcher's and the job's variables set. It loads the latest published state, then trains up to step ``N``,
-saving every second step; process ``R`` sleeps before each save, so its ``random_states_R.pkl`` comes last.
-The main process writes ``FILE``: each publication with the save's files at that moment, the step it
-started from, and the weights it loaded and saved.
+``python -m support.integ_accelerate_run --out FILE --until N [--slow-rank R --slow-seconds S] [--custom K]``
+with the launcher's and the job's variables set; ``K`` objects are registered for checkpointing (their
+``custom_checkpoint_<i>.pkl`` files: ``load_state`` raises when a save holds another count). It loads the
+latest published state, then trains up to step ``N``, saving every second step; process ``R`` sleeps before
+each save, so its ``random_states_R.pkl`` comes last. The main process writes ``FILE``: each publication
+with the save's files at that moment, the step it started from, and the weights it loaded and saved.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ from torch import nn
 
 from ckpt.domain.entries import Entry
 from ckpt.integrations.accelerate import CkptAccelerate
+from support.integ_launch import end_rank
+
+
+class Counter:
+    """An object registered for checkpointing: Accelerate saves it as custom_checkpoint_<i>.pkl."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = int(state["value"])
 
 
 class SlowSaves(CkptAccelerate):
@@ -43,6 +58,7 @@ def main() -> None:
     parser.add_argument("--until", type=int, required=True)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-seconds", type=float, default=0.0)
+    parser.add_argument("--custom", type=int, default=0)
     options = parser.parse_args()
 
     published: list[dict[str, Any]] = []
@@ -57,6 +73,8 @@ def main() -> None:
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     model, optimizer = accelerator.prepare(model, optimizer)
+    for _ in range(options.custom):
+        accelerator.register_for_checkpointing(Counter())
     saver = SlowSaves(accelerator, publisher_options={"on_published": on_published})
     saver.slow_process, saver.slow_seconds = options.slow_rank, options.slow_seconds
     resumed = saver.resume_location()
@@ -82,6 +100,7 @@ def main() -> None:
             json.dump(report, f)
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    end_rank()  # the process group goes and the process leaves now (support.integ_launch)
 
 
 if __name__ == "__main__":

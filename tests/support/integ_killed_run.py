@@ -12,8 +12,11 @@ Each point is a fixed moment, so the files on disk afterwards are the same on ev
 * ``lightning``: ``main-torn-file``: rank 0, with ``model.ckpt`` cut to half its length (a copy into place
   that did not finish); ``main-before-publish``: rank 0, with ``model.ckpt`` whole, before the barrier and
   the publication.
-* ``accelerate``: ``rank1-before-save``: process 1, before it writes anything of the save (its
-  ``random_states_1.pkl`` never appears); ``main-before-publish``: process 0, after every process passed the
+* ``accelerate`` (two objects registered for checkpointing): ``rank1-before-save``: process 1, before it
+  writes anything of the save (its ``random_states_1.pkl`` never appears); ``main-before-custom``: process
+  0, with ``random_states_0.pkl`` written, before ``custom_checkpoint_0.pkl`` (Accelerate asks the first
+  object for its state); ``main-between-custom``: process 0, with ``custom_checkpoint_0.pkl`` written,
+  before ``custom_checkpoint_1.pkl``; ``main-before-publish``: process 0, after every process passed the
   integration's barrier, right before the publication.
 
 The saves before step ``N`` are published normally (the DCP loop waits for each publication before the next
@@ -127,14 +130,30 @@ def run_accelerate(kill_step: int, point: str) -> None:
     from accelerate import Accelerator
 
     from ckpt.integrations.accelerate import CkptAccelerate
+    from support.integ_accelerate_run import Counter
 
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     model, optimizer = accelerator.prepare(model, optimizer)
-    saver = CkptAccelerate(accelerator)
     saving: list[int] = []
+
+    class Killing(Counter):
+        """Dies when Accelerate asks it for its state at the kill step: before its file is written."""
+
+        def __init__(self, dies_at: str) -> None:
+            super().__init__()
+            self.dies_at = dies_at
+
+        def state_dict(self) -> dict[str, int]:
+            if point == self.dies_at and accelerator.is_main_process and saving[-1] == kill_step:
+                die()
+            return super().state_dict()
+
+    accelerator.register_for_checkpointing(Killing("main-before-custom"))
+    accelerator.register_for_checkpointing(Killing("main-between-custom"))
+    saver = CkptAccelerate(accelerator)
     barrier: Callable[[], None] = saver.publisher.barrier
 
     def killing_barrier() -> None:

@@ -186,7 +186,7 @@ def verdict(rule: Rule, files: Mapping[str, bytes | None], name: str) -> tuple[b
 
 
 VECTORS = Path(__file__).parent.parent / "vectors" / "frameworks"
-RULE_FILES = ("hf", "dcp", "lightning", "deepspeed", "megatron", "nemo", "orbax", "custom")
+RULE_FILES = ("hf", "dcp", "lightning", "deepspeed", "megatron", "nemo", "orbax", "accelerate", "custom")
 
 
 @cache

@@ -3,7 +3,7 @@
 Rules:
 
 1. A name is looked up in this order, the first match wins: the built-in rules (``hf``, ``dcp``,
-   ``lightning``, ``deepspeed``, ``megatron``, ``nemo``, ``orbax``), the configuration file's
+   ``lightning``, ``deepspeed``, ``megatron``, ``nemo``, ``orbax``, ``accelerate``), the configuration file's
    ``[[frameworks]]`` tables, then the entry points of the group ``ckpt.frameworks`` of the installed
    distributions. A configured name can never shadow a built-in one (the configuration refuses it); a
    plugin with a built-in or configured name is never loaded.

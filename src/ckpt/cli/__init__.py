@@ -233,7 +233,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "--framework",
         metavar="NAME",
         help="verify the save against this framework's rule (hf, dcp, lightning, deepspeed, megatron, nemo, "
-        "orbax, a configured or a plugin rule)",
+        "orbax, accelerate, a configured or a plugin rule)",
     )
     p.add_argument(
         "--world-size",

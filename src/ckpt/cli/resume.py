@@ -72,8 +72,8 @@ def register(commands: Any) -> None:
         "--framework",
         required=True,
         metavar="NAME",
-        help="save layout and rule: hf, dcp, lightning, deepspeed, megatron, nemo, orbax, a configured or "
-        "plugin rule",
+        help="save layout and rule: hf, dcp, lightning, deepspeed, megatron, nemo, orbax, accelerate, a "
+        "configured or plugin rule",
     )
     p.add_argument("--attempt", help="this execution's attempt (DISPATCH_ATTEMPT)")
     p.add_argument("--epoch", help="this execution's epoch (DISPATCH_EPOCH)")

@@ -3,9 +3,10 @@
 Rules:
 
 1. Arguments: ``--framework NAME`` (a built-in rule: ``hf``, ``dcp``, ``lightning``, ``deepspeed``,
-   ``megatron``, ``nemo``, ``orbax``; a ``[[frameworks]]`` rule of the configuration file; or an installed
-   plugin's, ``ckpt.application.rulebook``; anything else is ``InvalidError`` listing them); the saves folder
-   from ``--saves LOCATION`` (absolute path, ``s3://`` URL, or a path relative to the root) or else
+   ``megatron``, ``nemo``, ``orbax``, ``accelerate``; a ``[[frameworks]]`` rule of the configuration file;
+   or an installed plugin's, ``ckpt.application.rulebook``; anything else is ``InvalidError`` listing them);
+   the saves folder from ``--saves LOCATION`` (absolute path, ``s3://`` URL, or a path relative to the root)
+   or else
    ``exec_dir(--attempt | DISPATCH_ATTEMPT)``; the epoch from ``--epoch | DISPATCH_EPOCH``. ``--interval``
    (10), ``--settle`` (the rule's: the interval for ``hf``, ``lightning``, a ``deepspeed`` of unknown world
    size and configured rules, else 0; ``dcp`` never settles) and ``--scan-timeout`` (120) are seconds,
@@ -106,7 +107,8 @@ def register(commands: Any) -> None:
         "--framework",
         required=True,
         metavar="NAME",
-        help="save layout: hf, dcp, lightning, deepspeed, megatron, nemo, orbax, a configured or plugin rule",
+        help="save layout: hf, dcp, lightning, deepspeed, megatron, nemo, orbax, accelerate, a configured or "
+        "plugin rule",
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--attempt", help="execution attempt; watches exec/<attempt> (DISPATCH_ATTEMPT)")

@@ -20,47 +20,36 @@ Rules (from Accelerate's source, docs/integrations/accelerate.md):
    (``wait_for_everyone``), then publishes on the main process.
 2. Saves go to ``<root>/exec/<attempt>/step-<step>``: Accelerate's own automatic naming counts saves, not
    steps, and its ``total_limit`` deletes *before* saving, so neither is used.
-3. Resuming first publishes, under their own epochs, the whole saves earlier executions never published:
-   there is no watcher rule for Accelerate, so "whole" is every process's ``random_states_<i>.pkl`` (the
-   last file each writes, with ``torch.save``) present and whole, for the current number of processes:
-   ending with its zip end-of-central-directory record (``torch.save``'s format since torch 1.6), or, for
-   a file written as a plain pickle, with the pickle STOP opcode. Then the newest published save whose
-   ``random_states_0.pkl`` is still there.
+3. Before ``save_state``, the main process writes the save's manifest ``.ckpt-accelerate.json``
+   (``{"custom_objects": k}``, the objects registered with ``register_for_checkpointing``), so that the
+   ``accelerate`` rule knows how many ``custom_checkpoint_<i>.pkl`` the save must hold: the main process
+   writes them last, and ``load_state`` refuses a folder with another count.
 4. An execution folder too long for ``step-18446744073709551615`` (the longest save, spec/names.md §4.5)
    is an ``InvalidError`` when ``CkptAccelerate`` is made, on every process, before any save or
    ``wait_for_everyone``.
+5. Completion is the ``accelerate`` rule's alone (``ckpt.domain.rules.accelerate``, spec/watcher.md §2.12):
+   :meth:`CkptAccelerate.resume_location` is ``ckpt.integrations.core.resume_location`` with that rule, so
+   its catch-up and its verified resolve judge each execution's saves with the world size that execution
+   recorded (``exec/<attempt>/.ckpt-world-size``; this integration records ``num_processes``), exactly as
+   ``ckpt resume --framework accelerate`` and ``ckpt watch --framework accelerate`` do.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from ckpt.application.rulebook import find_rule
 from ckpt.domain.entries import parse_step
 from ckpt.domain.errors import InvalidError
-from ckpt.domain.ports import WatchStore
-from ckpt.integrations.core import Job, Publisher, newest_with_file, on_main_then_broadcast, open_job
+from ckpt.domain.ports import WritesSmallFiles
+from ckpt.domain.rules.accelerate import MANIFEST
+from ckpt.integrations.core import Job, Publisher, open_job
+from ckpt.integrations.core import resume_location as _resume_location
 
 __all__ = ["CkptAccelerate"]
 
 _FOLDER_PREFIX = "step-"
-_ALWAYS_WRITTEN = "random_states_0.pkl"  # the main process's RNG state: in every save_state
-_ZIP_END_RECORD = b"PK\x05\x06"
-_ZIP_END_SIZE = 22  # the end record without its comment
-
-
-def _whole_torch_file(data: bytes) -> bool:
-    """Whether ``data`` is a whole ``torch.save`` file (rule 3).
-
-    The zip format ends with the end-of-central-directory record: its signature, then 16 bytes, then the
-    comment length and the comment, so the last signature must sit exactly that far from the end. A plain
-    pickle (protocol 2 or later) ends with STOP.
-    """
-    at = data.rfind(_ZIP_END_RECORD, max(0, len(data) - _ZIP_END_SIZE - 0xFFFF))
-    if at >= 0 and len(data) - at >= _ZIP_END_SIZE:
-        comment = int.from_bytes(data[at + 20 : at + 22], "little")
-        if at + _ZIP_END_SIZE + comment == len(data):
-            return True
-    return data.startswith(b"\x80") and data.endswith(b".")
 
 
 class CkptAccelerate:
@@ -79,6 +68,8 @@ class CkptAccelerate:
         **settings: Any,
     ) -> None:
         self.accelerator = accelerator
+        if job is None:
+            settings.setdefault("world_size", int(accelerator.num_processes))  # recorded (rule 5)
         self.job = job if job is not None else open_job(**settings)
         self.job.require_room(f"{_FOLDER_PREFIX}{{step}}", "Accelerate saves")  # rule 4, before any save
         self.publisher = Publisher(
@@ -99,40 +90,19 @@ class CkptAccelerate:
                 "pass the step, not output_dir: the save goes to <root>/exec/<attempt>/step-<step>"
             )
         location = self.location(step)
+        custom = getattr(self.accelerator, "_custom_objects", None)  # register_for_checkpointing's list
+        store = self.job.store
+        if self.accelerator.is_main_process and custom is not None and isinstance(store, WritesSmallFiles):
+            manifest = json.dumps({"custom_objects": len(custom)}).encode()
+            store.write_file(location, MANIFEST, manifest)  # rule 3: before anything of the save
         self.accelerator.save_state(output_dir=location, **options)
         self.publisher.publish(int(step), location)
         return location
 
-    def is_whole_save(self, store: WatchStore, location: str) -> bool:
-        """Whether a ``step-<step>`` save is whole: every process's ``random_states_<i>.pkl``, the last file
-        it writes, is there and whole (rule 3; for the current number of processes)."""
-        for index in range(int(self.accelerator.num_processes)):
-            data = store.read_file(location, f"random_states_{index}.pkl")
-            if not data or not _whole_torch_file(data):
-                return False
-        return True
-
     def resume_location(self, *, catch_up: bool = True) -> str | None:
-        """Catch up earlier executions, then the newest published save still on disk; ``None`` at first.
-
-        Rank 0 does it and every process gets the answer (rule 3).
-        """
-
-        def compute() -> str | None:
-            store = self.job.store
-            if catch_up:
-                from ckpt.catchup import catch_up_folders
-
-                catch_up_folders(
-                    store,
-                    self.is_whole_save,
-                    folder_prefix=_FOLDER_PREFIX,
-                    attempt=self.job.attempt,
-                    epoch=self.job.epoch,
-                )
-            return newest_with_file(store, _ALWAYS_WRITTEN, folder_prefix=_FOLDER_PREFIX)
-
-        return on_main_then_broadcast(compute)
+        """Catch up earlier executions, then the newest published save the ``accelerate`` rule finds
+        complete; ``None`` at first (rule 5). Rank 0 does it and every process gets the answer."""
+        return _resume_location(find_rule("accelerate"), job=self.job, catch_up=catch_up)
 
     def load_latest(self) -> int:
         """Load the state of :meth:`resume_location` and return its step, or return 0 on a first run."""

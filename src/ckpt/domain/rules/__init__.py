@@ -3,17 +3,18 @@
 Each rule (``model.Rule``) says which names in a saves location are saves, what it must read of one, and
 whether that save is complete; the watcher and verified resolve do the reading. The built-in rules:
 
-=============  ============================================================  =================
-name           a save is                                                     module
-=============  ============================================================  =================
-``hf``         folder ``checkpoint-<step>``                                  ``hf``
-``dcp``        folder ``step-<step>``                                        ``dcp``
-``lightning``  file or folder ``…step=<step>….ckpt``                         ``lightning``
-``deepspeed``  folder ``global_step<step>``                                  ``deepspeed``
-``megatron``   folder ``iter_<step>`` (7+ digits)                            ``megatron``
-``nemo``       ``.ckpt`` file or folder with ``step=<step>`` in its name       ``nemo``
-``orbax``      folder ``<step>`` or ``<prefix>_<step>``                      ``orbax``
-=============  ============================================================  =================
+==============  ============================================================  =================
+name            a save is                                                     module
+==============  ============================================================  =================
+``hf``          folder ``checkpoint-<step>``                                  ``hf``
+``dcp``         folder ``step-<step>``                                        ``dcp``
+``lightning``   file or folder ``…step=<step>….ckpt``                         ``lightning``
+``deepspeed``   folder ``global_step<step>``                                  ``deepspeed``
+``megatron``    folder ``iter_<step>`` (7+ digits)                            ``megatron``
+``nemo``        ``.ckpt`` file or folder with ``step=<step>`` in its name       ``nemo``
+``orbax``       folder ``<step>`` or ``<prefix>_<step>``                      ``orbax``
+``accelerate``  folder ``step-<step>`` (``Accelerator.save_state``)           ``accelerate``
+==============  ============================================================  =================
 
 Configured rules come from ``[[frameworks]]`` tables (``custom``); plugin rules from installed packages
 (``ckpt.plugins``, outside the domain, since finding them reads the installed distributions). Whatever the
@@ -55,7 +56,7 @@ __all__ = [
     "unclaimed_save",
 ]
 
-BUILTIN = ("hf", "dcp", "lightning", "deepspeed", "megatron", "nemo", "orbax")
+BUILTIN = ("hf", "dcp", "lightning", "deepspeed", "megatron", "nemo", "orbax", "accelerate")
 TAIL_BYTES = ZIP_TAIL_BYTES
 
 # Each rule's module is imported when its rule is first built, not with this package: a sidecar pays only
@@ -110,6 +111,10 @@ def builtin_rule(name: str, *, world_size: int | None = None) -> Rule | None:
         from ckpt.domain.rules.orbax import OrbaxRule
 
         rule = OrbaxRule()
+    elif name == "accelerate":
+        from ckpt.domain.rules.accelerate import AccelerateRule
+
+        rule = AccelerateRule(world_size)
     return rule
 
 
