@@ -279,12 +279,26 @@ def _dcp_resume_location(job: core.Job) -> str | None:
     return resume_location(job=job, settle=0.0)
 
 
+def _lightning_resume_location(job: core.Job) -> str | None:
+    """The Lightning helper gives ``trainer.fit`` the checkpoint inside a ``step-<step>`` save
+    (``<save>/model.ckpt``); the save it chose is that location's folder."""
+    from ckpt.integrations.lightning import resume_location
+
+    location = resume_location(job=job, settle=0.0)
+    if location is not None and location.endswith("/model.ckpt"):
+        return location[: -len("/model.ckpt")]
+    return location
+
+
 #: An integration's own ``resume_location``, by rule name, for the rules that have one. It takes no world
 #: size: a case with one runs it through the record only.
 OWN_RESUME: dict[str, Callable[[core.Job], str | None]] = {
     "hf": _hf_resume_location,
     "dcp": _dcp_resume_location,
+    "lightning": _lightning_resume_location,
 }
+# Accelerate's helper is a method, ``CkptAccelerate.resume_location``, whose body is
+# ``core.resume_location(find_rule("accelerate"), job=...)`` at the rule's settle: the core path above.
 
 
 def own_resume_location(setup: Setup) -> Verdict:

@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 
 from ckpt.adapters.posix import PosixStore
-from ckpt.application.catchup import catch_up_folders
 from ckpt.application.verify import resolve_verified
 from ckpt.application.watcher import Watcher
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import MalformedError, StorageError
 from ckpt.domain.follow import Followed
 from ckpt.domain.journal import JOURNAL_PREFIX, format_journal
-from ckpt.domain.ports import KnowsRemovals, WatchStore
+from ckpt.domain.ports import KnowsRemovals
 from ckpt.domain.removing import Removing, being_removed_reason
 from ckpt.domain.rules import Rule, builtin_rule
 from ckpt.testing import InMemoryStore
@@ -245,22 +244,6 @@ class TestVerifiedResolve:
         log.clear()
         assert resolve_verified(store, _hf()).entry is None
         assert not [s for s in log.sent if prefix in s[2]]
-
-
-class TestCatchUpFolders:
-    def test_a_save_being_removed_is_not_caught_up(
-        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
-    ) -> None:
-        """The catch-up of frameworks without a watcher rule passes over the half-removed save too."""
-        store, older, _ = _killed_prune_state(tmp_path)
-
-        def whole(_: WatchStore, location: str) -> bool:
-            return True  # every file still there looks whole: the journal alone must stop it
-
-        with caplog.at_level(logging.WARNING, logger="ckpt.catchup"):
-            caught = catch_up_folders(store, whole, folder_prefix="checkpoint-", attempt=ATTEMPT, epoch=EPOCH)
-        assert caught.published == ()
-        assert any(f"not publishing {older}" in r.getMessage() for r in caplog.records)
 
 
 class TestFollow:

@@ -21,23 +21,15 @@ it does no I/O of its own, so it runs the same on every store:
    ``sub_folder`` (``ckpt.domain.catchup`` rule 7) each watcher watches ``exec/<attempt>/<sub_folder>``.
 3. :func:`resume` then resolves, verified against the framework's rule. Before anything else it refuses an
    attempt whose folder is too long for the rule's longest save name (``ckpt.domain.room``).
-4. :func:`catch_up_folders` is the same plan for frameworks without a watcher rule (Accelerate):
-   the caller says when a save is whole; there is no settle, so that must be a real completion check.
-   Like :func:`catch_up`, it looks into the saves ``sub_folder`` of every execution and hands a check that
-   takes one the world size of the run that wrote the target (its folder's record, else the one given).
-   Like the watcher, it never publishes a save a prune has begun removing (``ckpt.domain.removing``).
 
 docs/adr/0011-catch-up-on-resume.md says why, and why publishing an older execution's saves is safe.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
 
 import attrs
 
@@ -53,15 +45,13 @@ from ckpt.domain.catchup import (
     execution_saves,
     format_epoch_record,
     parse_epoch_record,
-    parse_sub_folder,
     plan_catch_up,
 )
-from ckpt.domain.entries import Entry, parse_step, validate_attempt
-from ckpt.domain.errors import CkptError, ExistsError, InvalidError, MalformedError
-from ckpt.domain.frameworks import Framework, validate_world_size
-from ckpt.domain.ports import KnowsRemovals, SyncsSaves, WatchStore, WritesSmallFiles
-from ckpt.domain.removing import NEVER_REMOVING, Removing
-from ckpt.domain.room import longest_name, longest_save_name, require_rule_room
+from ckpt.domain.entries import Entry, validate_attempt
+from ckpt.domain.errors import CkptError, InvalidError, MalformedError
+from ckpt.domain.frameworks import Framework
+from ckpt.domain.ports import WatchStore, WritesSmallFiles
+from ckpt.domain.room import longest_save_name, require_rule_room
 from ckpt.domain.rules import Rule
 
 __all__ = [
@@ -69,7 +59,6 @@ __all__ = [
     "CaughtUp",
     "Resumed",
     "catch_up",
-    "catch_up_folders",
     "is_vanished_save",
     "read_epoch_record",
     "record_epoch",
@@ -232,108 +221,6 @@ def catch_up(
     for entry in sorted(published):
         _log.info("caught up: epoch %d step %d %s", entry.epoch, entry.step, store.location(entry))
     return CaughtUp(tuple(sorted(published)), plan.passed, plan)
-
-
-def _takes_world_size(is_complete: Callable[..., bool]) -> bool:
-    """Whether ``is_complete`` takes a third argument, the world size (rule 4); a two-argument check, as
-    callers before it wrote, does not."""
-    try:
-        inspect.signature(is_complete).bind(None, "", None)
-    except TypeError:
-        return False
-    except ValueError:  # a builtin without a signature: called the old way
-        return False
-    return True
-
-
-def catch_up_folders(
-    store: WatchStore,
-    is_complete: Callable[[WatchStore, str], bool] | Callable[[WatchStore, str, int | None], bool],
-    *,
-    folder_prefix: str,
-    attempt: str,
-    epoch: int,
-    world_size: int | None = None,
-    sub_folder: str = "",
-) -> CaughtUp:
-    """Catch up saves named ``<folder_prefix><step>`` for a framework without a watcher rule.
-
-    The same plan as :func:`catch_up`; a save is published when ``is_complete(store, location)`` says so,
-    or ``is_complete(store, location, world_size)`` when the check takes a third argument: the world size of
-    the run that wrote the target's saves, its folder's record (``.ckpt-world-size``), else ``world_size``
-    (``None``: unknown); a record that differs from an explicit ``world_size`` is ``InvalidError``, as for
-    :func:`catch_up` (``ckpt.application.rulebook`` rule 6). The records are read for the targets only, and
-    only for a check that takes the size. ``sub_folder`` is where the saves lie inside every execution's
-    folder (``ckpt.domain.catchup`` rule 7; ``""``: the folder itself).
-
-    There is no settle time, so ``is_complete`` must recognise a save that is whole (a zip's end record, a
-    marker written last by every process), not merely present. A save already published, at any epoch, is
-    left alone.
-    """
-    validate_attempt(attempt)
-    sub = parse_sub_folder(sub_folder)
-    given = None if world_size is None else validate_world_size(world_size)
-    sized = _takes_world_size(is_complete)
-    entries = store.entries()
-    longest = longest_name(f"{folder_prefix}{{step}}")
-    plan = plan_catch_up(
-        attempt, epoch, _records(store, attempt), entries, longest_name=longest, sub_folder=sub
-    )
-    if sized:
-        plan = plan.sized({t.attempt: recorded_world_size(store, t.attempt) for t in plan.targets})
-    published_locations = {store.location(entry).rstrip("/") for entry in entries}
-    sync_save = store.sync_save if isinstance(store, SyncsSaves) else None
-    created: list[Entry] = []
-    knows = store if isinstance(store, KnowsRemovals) else None
-    removing: Removing | None = None
-    for target in plan.targets:
-        size = target.world_size
-        if size is not None and given is not None and size != given:
-            raise InvalidError(
-                f"{store.exec_dir(target.attempt)} records a world size of {size} (.ckpt-world-size: the "
-                f"processes that wrote its saves), and a world size of {given} was given: give none to use "
-                "the record, or the recorded one"
-            )
-        size = given if size is None else size
-        saves_location = store.location(Entry(0, 0, execution_saves(target.attempt, sub)))
-        for folder in store.folders(saves_location):
-            if not folder.name.startswith(folder_prefix):
-                continue
-            try:
-                step = parse_step(folder.name[len(folder_prefix) :])
-            except InvalidError:
-                continue
-            location = folder.location.rstrip("/")
-            if location in published_locations:
-                continue
-            whole = (
-                cast("Callable[[WatchStore, str, int | None], bool]", is_complete)(store, location, size)
-                if sized
-                else cast("Callable[[WatchStore, str], bool]", is_complete)(store, location)
-            )
-            if not whole:
-                continue
-            if removing is None:  # read once, after a save was judged complete (watcher.md §7.8)
-                removing = knows.removing() if knows is not None else NEVER_REMOVING
-            journal = removing.journal_of(knows.save_of(location)) if knows and removing else None
-            if journal is not None:
-                _log.warning("not publishing %s: a prune has begun removing it (%s)", location, journal)
-                continue
-            try:
-                if sync_save is not None:
-                    sync_save(location)
-                created.append(store.publish(target.epoch, step, location))
-            except ExistsError:
-                continue  # published meanwhile
-            except CkptError as exc:
-                if not is_vanished_save(exc, location):
-                    raise
-                _log.warning("save vanished before it could be published: %s", location)
-    for passed in plan.passed:
-        _log.info("catch-up passes over %s: %s", store.exec_dir(passed.attempt), passed.reason)
-    for entry in sorted(created):
-        _log.info("caught up: epoch %d step %d %s", entry.epoch, entry.step, store.location(entry))
-    return CaughtUp(tuple(sorted(created)), plan.passed, plan)
 
 
 def _what(attempt: str, sub_folder: str) -> str:

@@ -59,7 +59,6 @@ __all__ = [
     "Job",
     "Publisher",
     "distributed",
-    "newest_with_file",
     "on_main_then_broadcast",
     "open_job",
     "resume_location",
@@ -345,19 +344,6 @@ def on_main_then_broadcast(compute: Callable[[], str | None]) -> str | None:
     if isinstance(outcome, Exception):
         raise outcome
     return _unpack(outcome)
-
-
-def newest_with_file(store: WatchStore, name: str, *, folder_prefix: str) -> str | None:
-    """The newest published save named ``<folder_prefix><step>`` that still holds file ``name``, or ``None``.
-
-    For the frameworks without a watcher rule (Lightning, Accelerate): a pure read, so every rank may call
-    it and get the same answer; a published folder that retention emptied is passed over.
-    """
-    for entry in reversed(store.entries()):
-        base = entry.save.rpartition("/")[2]
-        if base.startswith(folder_prefix) and store.exists(store.location(entry), name):
-            return store.location(entry)
-    return None
 
 
 @attrs.frozen
