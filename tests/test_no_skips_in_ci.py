@@ -17,9 +17,19 @@ def test_needs_a_missing_framework():
 """
 
 
-def _run(tmp_path: Path, no_skips: str | None) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "test_skipping.py").write_text(SKIPPING_TEST, encoding="utf-8")
+RGW_TEST = """
+def test_needs_the_gateway(rgw_server):
+    pass
+"""
+
+
+def _run(
+    tmp_path: Path, no_skips: str | None, test: str = SKIPPING_TEST, path: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_skipping.py").write_text(test, encoding="utf-8")
     env = subprocess_env()
+    if path is not None:
+        env["PATH"] = path
     env.pop("CKPT_NO_SKIPS", None)
     if no_skips is not None:
         env["CKPT_NO_SKIPS"] = no_skips
@@ -45,3 +55,17 @@ def test_a_skip_fails_only_under_no_skips(tmp_path: Path, no_skips: str | None, 
     if code:
         assert "ckpt_no_such_framework" in result.stdout
         assert "CKPT_NO_SKIPS=1" in result.stdout
+
+
+@pytest.mark.parametrize(("no_skips", "code", "word"), [(None, 0, "1 skipped"), ("1", 1, "1 error")])
+def test_a_missing_gateway_skips_saying_how_to_install_or_fails_in_ci(
+    tmp_path: Path, no_skips: str | None, code: int, word: str
+) -> None:
+    """Without Ceph's binaries on PATH the RGW tier skips with the install command; under CI's variable it
+    fails (an error at the fixture), with the same words."""
+    result = _run(tmp_path, no_skips, RGW_TEST, path=str(tmp_path / "empty-path"))
+    assert (result.returncode, word in result.stdout) == (code, True), result.stdout + result.stderr
+    assert "Ceph RGW is not installed (no ceph-authtool" in result.stdout
+    assert "apt-get install --no-install-recommends radosgw ceph-mon ceph-osd" in result.stdout
+    if code:
+        assert "CKPT_NO_SKIPS=1 refuses to skip the RGW tier" in result.stdout

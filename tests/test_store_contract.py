@@ -1,13 +1,15 @@
 """The store contract (spec/operations.md), written once and run against every store implementation.
 
-The ``harness`` fixture (tests/support/fixtures.py) builds a fresh root on each storage: the in-memory fake, a
-real POSIX directory, and S3 through moto (in-process and over HTTP). The harness arranges trees beside the
-store, so what is checked is what the store itself reads and writes.
+The ``harness`` fixture builds a fresh root on each storage: the in-memory fake, a real POSIX directory, S3
+through moto (in-process and over HTTP), and a real S3 server, Ceph RGW over HTTP (``s3-rgw``,
+tests/support/rgw.py). The harness arranges trees beside the store, so what is checked is what the store
+itself reads and writes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +29,17 @@ from ckpt.domain.errors import (
 from ckpt.domain.frameworks import Framework
 from ckpt.domain.names import format_entry_name
 from ckpt.domain.saves import MAX_READ_BYTES, too_large
+from support.fixtures import CONTRACT_HARNESS_FACTORIES
 from support.harness import Harness
 
 EXEC_A = "exec/1.4101.0"
 EXEC_B = "exec/2.4102.0"
+
+
+@pytest.fixture(params=sorted(CONTRACT_HARNESS_FACTORIES))
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    """One fresh store per implementation, the real S3 server included (the shared harness omits it)."""
+    yield from CONTRACT_HARNESS_FACTORIES[request.param](request, tmp_path)
 
 
 class TestPublish:

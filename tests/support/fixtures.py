@@ -21,8 +21,10 @@ from hypothesis import settings
 from ckpt.adapters.s3 import make_s3_client
 from support.fuzzing import DETERMINISTIC, register_profiles
 from support.harness import Harness, MemoryHarness, PosixHarness
+from support.rgw import INSTALL_HINT, RgwServer, missing_binaries, serve_rgw
 from support.s3 import (
     FAKE_ENV,
+    REAL_S3_HARNESS_FACTORIES,
     S3_HARNESS_FACTORIES,
     http_settings,
     isolate_from_aws_environment,
@@ -62,6 +64,8 @@ def _posix(_request: pytest.FixtureRequest, tmp: Path) -> Iterator[Harness]:
 # name -> factory. The S3 harnesses (moto in-process, moto's HTTP server) are added by tests/support/s3.py.
 HARNESS_FACTORIES: dict[str, HarnessFactory] = {"memory": _memory, "posix": _posix}
 HARNESS_FACTORIES.update(S3_HARNESS_FACTORIES)
+# The store contract runs on these as well: every store above, and the real S3 server (Ceph RGW).
+CONTRACT_HARNESS_FACTORIES: dict[str, HarnessFactory] = {**HARNESS_FACTORIES, **REAL_S3_HARNESS_FACTORIES}
 
 
 @pytest.fixture(params=sorted(HARNESS_FACTORIES))
@@ -118,6 +122,47 @@ def moto_server_store_client(moto_server: str, tmp_path_factory: pytest.TempPath
         isolate_from_aws_environment(monkeypatch, tmp_path_factory.mktemp("aws-home"))
         client = make_s3_client(http_settings(moto_server), environ=FAKE_ENV)
     return only_loopback(client)
+
+
+@pytest.fixture(scope="session")
+def rgw_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RgwServer]:
+    """Start a one-node Ceph cluster and its RADOS Gateway for the session (tests/support/rgw.py).
+
+    A real S3 server that checks SigV4 and creates exclusively by itself. Where its binaries are missing the
+    tests that use it skip, saying how to install them; under ``CKPT_NO_SKIPS=1`` (CI) they fail instead.
+    """
+    missing = missing_binaries()
+    if missing:
+        message = f"Ceph RGW is not installed (no {', '.join(missing)} on PATH): {INSTALL_HINT}"
+        if os.environ.get(NO_SKIPS) == "1":
+            pytest.fail(f"{message}; {NO_SKIPS}=1 refuses to skip the RGW tier", pytrace=False)
+        pytest.skip(message)
+    with serve_rgw(tmp_path_factory.mktemp("rgw-cluster")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rgw_server_store_client(rgw_server: RgwServer, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The client ``make_s3_client`` builds for the gateway from a ``Config``, signing with its main key."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        isolate_from_aws_environment(monkeypatch, tmp_path_factory.mktemp("aws-home"))
+        environ = {"AWS_ACCESS_KEY_ID": rgw_server.access_key, "AWS_SECRET_ACCESS_KEY": rgw_server.secret_key}
+        client = make_s3_client(http_settings(rgw_server.endpoint), environ=environ)
+    return only_loopback(client)
+
+
+@pytest.fixture(scope="session", params=["moto", "rgw"])
+def s3_server(request: pytest.FixtureRequest) -> str:
+    """The endpoint of each real-HTTP S3 server in turn: moto's (atomic) server, then Ceph RGW.
+
+    For the tests whose proof is about the server's answers (exclusive create, races, the doctor's probe):
+    they hold on both. Every key in ``support.rgw.ACCESS_KEYS`` is accepted by both.
+    """
+    if request.param == "rgw":
+        server: RgwServer = request.getfixturevalue("rgw_server")
+        return server.endpoint
+    endpoint: str = request.getfixturevalue("moto_server")
+    return endpoint
 
 
 # -- no skip passes unnoticed in CI -------------------------------------------------------------------------

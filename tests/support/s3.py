@@ -1,11 +1,13 @@
 """S3 harnesses for the store contract suite, and the wire-level doubles the S3 tests use.
 
-Two harnesses satisfy ``harness.Harness``:
+These harnesses satisfy ``harness.Harness``:
 
 * ``s3-moto``: moto in-process (``moto.mock_aws``); the store's root has a key prefix
   (``s3://<bucket>/team-a/run-42``), so every test also checks that nothing escapes the prefix.
 * ``s3-http``: moto's server started as a subprocess on 127.0.0.1 (one per test session), reached over real
   HTTP by a client that ``open_s3_store`` builds from a ``Config``; the root is a bare bucket.
+* ``s3-rgw`` (the store contract only): the same over HTTP to Ceph's RADOS Gateway (``support.rgw``), a
+  real S3 server that checks signatures and creates exclusively by itself.
 
 Each test gets a fresh bucket. The harness arranges objects with its own client, beside the store's.
 
@@ -262,9 +264,23 @@ def moto_over_http(request: pytest.FixtureRequest, _tmp: Path) -> Iterator[Harne
     yield S3Harness("s3-http", S3Store(f"s3://{bucket}", store_client), store_client, client)
 
 
+def rgw_over_http(request: pytest.FixtureRequest, _tmp: Path) -> Iterator[Harness]:
+    """A harness on Ceph RGW (``rgw_server``), root ``s3://<fresh bucket>``, with the configured client."""
+    endpoint: str = request.getfixturevalue("rgw_server").endpoint
+    store_client = request.getfixturevalue("rgw_server_store_client")
+    client = raw_client(endpoint)
+    bucket = new_bucket_name()
+    client.create_bucket(Bucket=bucket)
+    yield S3Harness("s3-rgw", S3Store(f"s3://{bucket}", store_client), store_client, client)
+
+
 S3_HARNESS_FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Iterator[Harness]]] = {
     "s3-http": moto_over_http,
     "s3-moto": moto_in_process,
+}
+# The real S3 server: the store contract runs on it too (test_store_contract.py), the other suites do not.
+REAL_S3_HARNESS_FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Iterator[Harness]]] = {
+    "s3-rgw": rgw_over_http,
 }
 
 
