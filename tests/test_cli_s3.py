@@ -1,4 +1,6 @@
-"""The command line on an ``s3://`` root, end to end: a config file, moto's server over HTTP, real processes.
+"""The command line on an ``s3://`` root, end to end: a config file, an S3 server over HTTP, real processes.
+
+Every command runs on moto's server and on Ceph RGW (``s3_server``); the proxy double runs on moto.
 
 Every command of spec/cli.md runs against the bucket; ``doctor`` reports the credential source and the
 proxy, and
@@ -49,10 +51,9 @@ def write_config(path: Path, root: str, endpoint: str, proxy: str | None = None)
     return path
 
 
-@pytest.fixture
-def bucket(moto_server: str) -> tuple[Any, str]:
+def make_bucket(endpoint: str) -> tuple[Any, str]:
     client = boto3.client(
-        "s3", endpoint_url=moto_server, region_name="us-east-1",
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
         aws_access_key_id="x", aws_secret_access_key="y",
     )  # fmt: skip
     name = new_bucket_name()
@@ -60,14 +61,19 @@ def bucket(moto_server: str) -> tuple[Any, str]:
     return client, name
 
 
+@pytest.fixture
+def bucket(moto_server: str) -> tuple[Any, str]:
+    return make_bucket(moto_server)
+
+
 class TestEveryCommandOnS3:
-    def test_publish_resolve_entries_prune_exec_dir_and_doctor(
-        self, moto_server: str, bucket: tuple[Any, str], tmp_path: Path
-    ) -> None:
-        """All commands work on s3://BUCKET/PREFIX from a config file, with the documented documents."""
-        client, name = bucket
+    def test_publish_resolve_entries_prune_exec_dir_and_doctor(self, s3_server: str, tmp_path: Path) -> None:
+        """All commands work on s3://BUCKET/PREFIX from a config file, with the documented documents.
+
+        On moto's server and on Ceph RGW (``s3_server``): there the keys are really checked."""
+        client, name = make_bucket(s3_server)
         root = f"s3://{name}/team-a/run-42"
-        config = write_config(tmp_path / "ckpt.toml", root, moto_server)
+        config = write_config(tmp_path / "ckpt.toml", root, s3_server)
         exec_dir = run(config, "exec-dir", "--attempt", "2.4102.0")
         assert exec_dir.stdout == f"{root}/exec/2.4102.0\n", exec_dir.stderr
         for step in (100, 200, 300):

@@ -1,11 +1,12 @@
 """``ckpt doctor``'s exclusive-create probe: eight concurrent creates of one new key, exactly one winner.
 
-Three storages, all moto's server in its own process, seen by the real ``ckpt`` command:
+Storages in their own processes, seen by the real ``ckpt`` command:
 
 - ``support.racy_moto_server``: a conditional put waits between its check and its write until a second one
   passed the check too, so two concurrent creates deterministically both win: doctor must fail;
-- ``support.atomic_moto_server`` (S3's contract): doctor must pass;
-- the atomic one behind the forward proxy that strips ``If-None-Match``: doctor must fail.
+- ``s3_server``, each in turn: ``support.atomic_moto_server`` (S3's contract) and Ceph RGW: doctor must pass;
+- each of them behind the forward proxy that strips ``If-None-Match``: doctor must fail (on moto every
+  create wins; RGW refuses the request whose signed header was removed).
 """
 
 from __future__ import annotations
@@ -34,13 +35,6 @@ KEYS = {"AWS_ACCESS_KEY_ID": "probe-test-key", "AWS_SECRET_ACCESS_KEY": "probe-t
 def racy_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("racy-moto") / "server.log"
     with serve_moto(log, module="support.racy_moto_server", cwd=str(TESTS)) as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def atomic_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("atomic-moto") / "server.log"
-    with serve_moto(log, module="support.atomic_moto_server", cwd=str(TESTS)) as endpoint:
         yield endpoint
 
 
@@ -118,22 +112,36 @@ class TestDoctorProbe:
         assert "two publishers could both believe they published the same entry" in check["detail"]
         assert probe_objects(client, bucket) == []
 
-    def test_an_atomic_server_passes(self, atomic_moto: str, tmp_path: Path) -> None:
-        """S3's contract: one create of the eight wins, seven get 412, and the probe leaves nothing."""
-        client, bucket = new_bucket(atomic_moto)
-        code, check = doctor(tmp_path, f"s3://{bucket}/run", atomic_moto)
+    def test_an_atomic_server_passes(self, s3_server: str, tmp_path: Path) -> None:
+        """S3's contract: one create of the eight wins, seven get 412, and the probe leaves nothing.
+
+        On the atomic moto server and on Ceph RGW, whose exclusive create is its own."""
+        client, bucket = new_bucket(s3_server)
+        code, check = doctor(tmp_path, f"s3://{bucket}/run", s3_server)
         assert code == 0, check
         assert (check["ok"], check["writers"], check["created"], check["refused"]) == (True, 8, 1, 7)
         assert probe_objects(client, bucket) == []
 
-    def test_a_proxy_stripping_the_condition_fails(self, atomic_moto: str, tmp_path: Path) -> None:
-        """Through a proxy that drops If-None-Match every create wins, even on an atomic server."""
-        client, bucket = new_bucket(atomic_moto)
-        port = urlsplit(atomic_moto).port
+    def test_a_proxy_stripping_the_condition_fails(
+        self, s3_server: str, s3_server_kind: str, tmp_path: Path
+    ) -> None:
+        """Through a proxy that drops If-None-Match doctor fails on every server, for the server's reason.
+
+        moto checks no signature, so every create wins, even on the atomic server. botocore signs
+        ``if-none-match``, so a server that checks signatures (Ceph RGW, as AWS) refuses each stripped PUT
+        with 403 ``SignatureDoesNotMatch``: the probe cannot run, and the detail says the request was
+        changed on the way or the secret is wrong."""
+        client, bucket = new_bucket(s3_server)
+        port = urlsplit(s3_server).port
         assert port is not None
         strip = StripRequestHeader("If-None-Match", when=Match(method="PUT"))
         with ForwardProxy(resolve={"unresolvable-s3": ("127.0.0.1", port)}, rules=[strip]) as proxy:
             code, check = doctor(tmp_path, f"s3://{bucket}/run", f"http://unresolvable-s3:{port}", proxy.url)
         assert code == 1
-        assert (check["ok"], check["writers"], check["created"], check["refused"]) == (False, 8, 8, 0)
+        assert check["ok"] is False
+        if s3_server_kind == "moto":  # the server ignores signatures: every create won
+            assert (check["writers"], check["created"], check["refused"]) == (8, 8, 0)
+        else:
+            assert "SignatureDoesNotMatch, HTTP 403" in check["detail"], check
+            assert "changed the signed request" in check["detail"], check
         assert probe_objects(client, bucket) == []

@@ -1,11 +1,12 @@
-"""Races on S3: publishers and a pruner in separate processes, on one bucket of moto's server (HTTP).
+"""Races on S3: publishers and a pruner in separate processes, on one bucket of a real HTTP S3 server.
 
 The processes are started with multiprocessing's ``spawn`` method and run the workers of
 ``tests/support/s3_processes.py``, each with its own store opened the way ``ckpt`` opens one
-(``open_s3_store`` from a ``Config``); a barrier releases them together. The storage is moto's server with
-``PutObject`` made atomic (``tests/support/atomic_moto_server.py``): stock moto checks ``If-None-Match: *``
-and then writes, with other requests free to run in between, which S3 never allows; these tests hold
-``ckpt`` to S3's contract, not to that gap in the double.
+(``open_s3_store`` from a ``Config``); a barrier releases them together. Each test runs on both servers of
+``s3_server``: Ceph RGW, whose exclusive create is its own (an exclusive create of the head RADOS object),
+and moto's server with ``PutObject`` made atomic (``tests/support/atomic_moto_server.py``): stock moto
+checks ``If-None-Match: *`` and then writes, with other requests free to run in between, which S3 never
+allows; these tests hold ``ckpt`` to S3's contract, not to that gap in the double.
 
 * ``TestPublishersRacing``: 16 processes publish overlapping entries (the same names, and names only they
   publish): exactly one process creates each entry, every other one gets ``ExistsError``, nothing else.
@@ -19,16 +20,12 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import random
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from ckpt.adapters.s3 import S3Store
 from ckpt.domain.entries import Entry
 from ckpt.domain.names import format_entry_name
-from support.s3 import new_bucket_name, raw_client, serve_moto
+from support.s3 import new_bucket_name, raw_client
 from support.s3_processes import (
     SAVE_FILES,
     PruneJob,
@@ -42,21 +39,12 @@ from support.s3_processes import (
 )
 from support.saves import put_save
 
-TESTS = Path(__file__).parent
 PUBLISHERS = 16
 PROCESS_SECONDS = 120  # the most any child may take; a hung child fails the test instead of hanging it
 
 
-@pytest.fixture(scope="module")
-def atomic_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """moto's server with atomic conditional puts on a free loopback port, for this module."""
-    log = tmp_path_factory.mktemp("atomic-moto") / "server.log"
-    with serve_moto(log, module="support.atomic_moto_server", cwd=TESTS) as endpoint:
-        yield endpoint
-
-
 class Bucket:
-    """A fresh bucket on the atomic moto server, arranged and read back straight, with no proxy."""
+    """A fresh bucket on the S3 server, arranged and read back straight, with no proxy."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
@@ -94,9 +82,9 @@ def run_processes(targets: list[tuple[Any, tuple[Any, ...]]], results: Any) -> l
 
 
 class TestPublishersRacing:
-    def test_sixteen_publishers_make_exactly_one_winner_per_name(self, atomic_moto: str) -> None:
+    def test_sixteen_publishers_make_exactly_one_winner_per_name(self, s3_server: str) -> None:
         """16 processes publish 12 shared names and 2 names each of their own: one creation per name."""
-        bucket = Bucket(atomic_moto)
+        bucket = Bucket(s3_server)
         shared = [(1, step, "exec/race/ck-a") for step in range(8)]
         shared += [(2, step, "exec/race/ck-b") for step in range(4)]  # same steps, another save and epoch
         for save in ("exec/race/ck-a", "exec/race/ck-b", *(f"exec/w{i}/ck" for i in range(PUBLISHERS))):
@@ -106,7 +94,7 @@ class TestPublishersRacing:
             own = [(1, 100 + worker, f"exec/w{worker}/ck"), (3, 0, f"exec/w{worker}/ck")]
             entries = shared + own
             random.Random(worker).shuffle(entries)
-            jobs.append(PublishJob(atomic_moto, bucket.root, tuple(entries)))
+            jobs.append(PublishJob(s3_server, bucket.root, tuple(entries)))
         context = multiprocessing.get_context("spawn")
         ready = context.Barrier(PUBLISHERS)
         answers = run_processes([(publish_names, (job, ready)) for job in jobs], context.Queue())
@@ -123,20 +111,20 @@ class TestPublishersRacing:
 
 
 class TestPruneRacingPublishers:
-    def test_no_remaining_entry_ever_misses_an_object(self, atomic_moto: str) -> None:
+    def test_no_remaining_entry_ever_misses_an_object(self, s3_server: str) -> None:
         """While 4 processes publish new saves, repeated prune(keep=3) never leaves a broken entry."""
-        bucket = Bucket(atomic_moto)
+        bucket = Bucket(s3_server)
         publishers, saves_each, keep = 4, 25, 3
         context = multiprocessing.get_context("spawn")
         ready, stop, reports = context.Barrier(publishers + 1), context.Event(), context.Queue()
         pruner = context.Process(
             target=prune_repeatedly,
-            args=(PruneJob(atomic_moto, bucket.root, bucket.name, keep), ready, stop, reports),
+            args=(PruneJob(s3_server, bucket.root, bucket.name, keep), ready, stop, reports),
         )
         pruner.start()
         try:
             jobs = [
-                PublishNewSavesJob(atomic_moto, bucket.root, bucket.name, worker, saves_each, epoch=5)
+                PublishNewSavesJob(s3_server, bucket.root, bucket.name, worker, saves_each, epoch=5)
                 for worker in range(publishers)
             ]
             answers = run_processes([(publish_new_saves, (job, ready)) for job in jobs], context.Queue())

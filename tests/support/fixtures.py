@@ -165,6 +165,13 @@ def s3_server(request: pytest.FixtureRequest) -> str:
     return endpoint
 
 
+@pytest.fixture
+def s3_server_kind(s3_server: str, request: pytest.FixtureRequest) -> str:
+    """Which server ``s3_server`` is in this test: ``"moto"`` or ``"rgw"`` (for expectations per server)."""
+    kind: str = request.node.callspec.params["s3_server"]
+    return kind
+
+
 # -- no skip passes unnoticed in CI -------------------------------------------------------------------------
 
 NO_SKIPS = "CKPT_NO_SKIPS"  # .ci/run sets it: every package the tests need is installed there

@@ -16,6 +16,7 @@ Nothing here downloads anything: the binaries come from the system's packages (`
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -46,6 +47,7 @@ ACCESS_KEYS: dict[str, str] = {
     "resume-key": "resume-secret",
 }
 USER = "ckpt"
+HOST_NAMES = ("localhost", "unresolvable-s3")
 _START_SECONDS = 90.0
 _COMMAND_SECONDS = 60.0  # radosgw-admin hangs, rather than fails, on a cluster whose PGs never go active
 
@@ -230,6 +232,12 @@ def start(folder: Path, daemons: list[subprocess.Popen[bytes]]) -> RgwServer:
     server = RgwServer(f"http://127.0.0.1:{rgw_port}", access_key, secret_key, folder)
     for other, secret in keys:
         server.add_key(other, secret)
+    # Once any host name is configured RGW takes a Host that is neither an IP nor a listed name for a bucket
+    # (CNAME style): list the names the tests reach it by through the forward-proxy double.
+    zonegroup = json.loads(server.admin("zonegroup", "get"))
+    zonegroup["hostnames"] = list(HOST_NAMES)
+    (folder / "zonegroup.json").write_text(json.dumps(zonegroup))
+    server.admin("zonegroup", "set", "--infile", str(folder / "zonegroup.json"))
     _daemon(folder, daemons, "client.rgw.a", "radosgw", "-c", conf, "-n", "client.rgw.a")
     root_url = f"{server.endpoint}/"
     _poll(f"radosgw did not answer at {root_url}", folder, daemons, lambda: _answers(root_url))

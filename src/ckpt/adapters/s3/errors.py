@@ -61,7 +61,10 @@ _CLIENT_CODES: dict[str, tuple[str, str]] = {
     "AllAccessDisabled": ("storage", "all access to the bucket is disabled"),
     "AccountProblem": ("storage", "the account has a problem that prevents the operation"),
     "InvalidAccessKeyId": ("credentials", "S3 does not know the access key id"),
-    "SignatureDoesNotMatch": ("credentials", "S3 refused the request signature (wrong secret key?)"),
+    "SignatureDoesNotMatch": (
+        "credentials",
+        "S3 refused the request signature: a wrong secret key, or something on the way changed the signed request",  # noqa: E501
+    ),
     "ExpiredToken": ("credentials", "the session token has expired"),
     "TokenRefreshRequired": ("credentials", "the session token must be refreshed"),
     "InvalidToken": ("credentials", "the session token is malformed or invalid"),
