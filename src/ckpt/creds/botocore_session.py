@@ -43,7 +43,7 @@ import botocore.configprovider
 import botocore.credentials
 import botocore.session
 
-from ckpt.creds.model import Credentials, Source
+from ckpt.creds.model import SIGNING_SOURCE_FIELD, Credentials, Source
 from ckpt.domain.errors import CredentialsError, InvalidError
 
 __all__ = [
@@ -347,6 +347,9 @@ def install_auth_retry(client: Any, refreshable: ChainCredentials) -> None:
         code = error.get("Code") if isinstance(error, dict) else None
         if http_response.status_code not in (400, 403) or code not in AUTH_ERROR_CODES:
             return None
+        source = refreshable.source
+        if source is not None and isinstance(error, dict):
+            error[SIGNING_SOURCE_FIELD] = source  # which source's keys S3 refused, for the error to name
         context = request_dict.setdefault("context", {})
         if context.get(_RETRIED):
             return None

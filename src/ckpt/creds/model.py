@@ -15,7 +15,11 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-__all__ = ["Credentials", "Source"]
+__all__ = ["SIGNING_SOURCE_FIELD", "Credentials", "Source"]
+
+#: The field the S3 client's auth hook adds to a parsed S3 error that refused the keys: the name of the
+#: credential source that signed the refused request (never a secret), so the error can name it.
+SIGNING_SOURCE_FIELD = "CkptSigningSource"
 
 
 def _non_empty(_instance: object, attribute: attrs.Attribute[str], value: str) -> None:

@@ -68,7 +68,10 @@ _CLIENT_CODES: dict[str, tuple[str, str]] = {
     "ExpiredToken": ("credentials", "the session token has expired"),
     "TokenRefreshRequired": ("credentials", "the session token must be refreshed"),
     "InvalidToken": ("credentials", "the session token is malformed or invalid"),
-    "RequestTimeTooSkewed": ("storage", "the local clock is too far from the server's"),
+    "RequestTimeTooSkewed": (
+        "storage",
+        "clock skew: this machine's clock is too far from the server's (S3 allows 15 minutes; set it by NTP)",
+    ),
     "PermanentRedirect": ("storage", "the bucket is served elsewhere (set s3.region or s3.endpoint_url)"),
     "AuthorizationHeaderMalformed": (
         "storage",
@@ -112,6 +115,16 @@ def endpoint_of(url: object) -> str:
     return f"{parts.scheme}://{host}{port}"
 
 
+def _signing_source(exc: Any) -> str | None:
+    """The name of the credential source whose keys S3 refused, as the auth hook recorded it (or ``None``)."""
+    from ckpt.creds.model import SIGNING_SOURCE_FIELD
+
+    response = exc.response if isinstance(getattr(exc, "response", None), dict) else {}
+    error = response.get("Error")
+    source = error.get(SIGNING_SOURCE_FIELD) if isinstance(error, dict) else None
+    return source if isinstance(source, str) and source else None
+
+
 def _translate_client_error(exc: Any, action: str, location: str, bucket: str) -> CkptError:
     code, status = client_error_code(exc)
     kind, why = _CLIENT_CODES.get(code) or _CLIENT_CODES.get(str(status)) or ("storage", "S3 refused it")
@@ -126,7 +139,10 @@ def _translate_client_error(exc: Any, action: str, location: str, bucket: str) -
     if kind == "missing":
         return NotFoundError(f"cannot {action} {location}: {why} ({detail})", location=location)
     if kind == "credentials":
-        return CredentialsError(f"cannot {action} {location}: {why} ({detail})", source=None)
+        # The auth hook (ckpt.creds.botocore_session) names the source whose keys were refused; never a key.
+        source = _signing_source(exc)
+        named = f"; the keys came from the credential source {source!r}" if source else ""
+        return CredentialsError(f"cannot {action} {location}: {why} ({detail}){named}", source=source)
     return StorageError(f"cannot {action} {location}: {why} ({detail})", location=location)
 
 
