@@ -19,6 +19,7 @@ import pytest
 from hypothesis import settings
 
 from ckpt.adapters.s3 import make_s3_client
+from support.external_s3 import ExternalS3, ExternalS3Error, external_harness, from_environ
 from support.fuzzing import DETERMINISTIC, register_profiles
 from support.harness import Harness, MemoryHarness, PosixHarness
 from support.rgw import INSTALL_HINT, RgwServer, missing_binaries, serve_rgw
@@ -28,7 +29,9 @@ from support.s3 import (
     S3_HARNESS_FACTORIES,
     http_settings,
     isolate_from_aws_environment,
+    new_bucket_name,
     only_loopback,
+    raw_client,
     serve_moto,
 )
 
@@ -66,6 +69,9 @@ HARNESS_FACTORIES: dict[str, HarnessFactory] = {"memory": _memory, "posix": _pos
 HARNESS_FACTORIES.update(S3_HARNESS_FACTORIES)
 # The store contract runs on these as well: every store above, and the real S3 server (Ceph RGW).
 CONTRACT_HARNESS_FACTORIES: dict[str, HarnessFactory] = {**HARNESS_FACTORIES, **REAL_S3_HARNESS_FACTORIES}
+# ... and an operator's own S3 server, when CKPT_TEST_S3_ENDPOINT names one (tests/support/external_s3.py).
+if os.environ.get("CKPT_TEST_S3_ENDPOINT"):
+    CONTRACT_HARNESS_FACTORIES["s3-external"] = external_harness
 
 
 @pytest.fixture(params=sorted(HARNESS_FACTORIES))
@@ -163,6 +169,26 @@ def s3_server(request: pytest.FixtureRequest) -> str:
         return server.endpoint
     endpoint: str = request.getfixturevalue("moto_server")
     return endpoint
+
+
+@pytest.fixture(scope="session")
+def external_s3(request: pytest.FixtureRequest) -> ExternalS3:
+    """The S3 server ``CKPT_TEST_S3_*`` name (tests/support/external_s3.py); without them, Ceph RGW.
+
+    The fallback is the session's gateway, with a bucket and a key pair of its own, reached through the same
+    code as an operator's server: so the option is tested wherever the RGW tier runs.
+    """
+    try:
+        target = from_environ(os.environ, ci=os.environ.get(NO_SKIPS) == "1")
+    except ExternalS3Error as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if target is not None:
+        return target
+    server: RgwServer = request.getfixturevalue("rgw_server")
+    bucket = new_bucket_name()
+    raw_client(server.endpoint).create_bucket(Bucket=bucket)
+    server.add_key("AKIDQUALIFYING", "qualifying-SECRET-never-printed")  # keys of its own, as a site's
+    return ExternalS3(server.endpoint, bucket, "AKIDQUALIFYING", "qualifying-SECRET-never-printed")
 
 
 @pytest.fixture
