@@ -172,18 +172,18 @@ def _cli(config: Path, *args: str, attempt: str, epoch: int) -> subprocess.Compl
 
 class TestResumeCommandOnS3:
     def test_resume_records_the_epoch_and_catches_up_the_dead_execution(
-        self, moto_server: str, tmp_path: Path
+        self, s3_server: str, tmp_path: Path
     ) -> None:
         """`ckpt resume` on s3://BUCKET/PREFIX: the first start records epoch 10 and prints nothing; after
         execution a died with two unpublished saves, the next start publishes them at 10 and prints the
         newer one."""
-        client = raw_client(moto_server)
+        client = raw_client(s3_server)
         bucket = new_bucket_name()
         client.create_bucket(Bucket=bucket)
         root = f"s3://{bucket}/team-a/run-42"
         config = tmp_path / "ckpt.toml"
         config.write_text(
-            f'root = "{root}"\n[s3]\nendpoint_url = "{moto_server}"\nregion = "us-east-1"\n'
+            f'root = "{root}"\n[s3]\nendpoint_url = "{s3_server}"\nregion = "us-east-1"\n'
             'addressing_style = "path"\nconnect_timeout = 2\nread_timeout = 10\nmax_attempts = 2\n'
             '[[credentials]]\nsource = "env"\n'
         )

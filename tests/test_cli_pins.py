@@ -219,14 +219,14 @@ class TestPruneTiers:
 class TestOnS3:
     @pytest.mark.parametrize("command", ["pin", "unpin"])
     def test_a_bad_save_exits_2_naming_it_on_a_bucket(
-        self, moto_server: str, tmp_path: Path, command: str
+        self, s3_server: str, tmp_path: Path, command: str
     ) -> None:
         """On s3://BUCKET/PREFIX, pin and unpin refuse every SAVE publish refuses, exit 2, naming it."""
-        client = raw_client(moto_server)
+        client = raw_client(s3_server)
         name = new_bucket_name()
         client.create_bucket(Bucket=name)
         root = f"s3://{name}/team-a"
-        config = write_config(tmp_path / "ckpt.toml", root, moto_server)
+        config = write_config(tmp_path / "ckpt.toml", root, s3_server)
         client.put_object(Bucket=name, Key="team-a/exec/a/ck-1/model.bin", Body=b"w")
         assert run(config, "publish", "--epoch", "1", "--step", "1", "exec/a/ck-1").returncode == 0
         assert run(config, "pin", "exec/a/ck-1").returncode == 0
@@ -248,14 +248,14 @@ class TestOnS3:
         assert keys == [f"team-a/pins/{format_entry_name(Entry(1, 1, 'exec/a/ck-1'))}"]
 
     def test_pin_entries_prune_tiers_unpin_and_follow_on_a_bucket(
-        self, moto_server: str, tmp_path: Path
+        self, s3_server: str, tmp_path: Path
     ) -> None:
         """The same commands on s3://BUCKET/PREFIX through moto's server, from a config file."""
-        client = raw_client(moto_server)
+        client = raw_client(s3_server)
         name = new_bucket_name()
         client.create_bucket(Bucket=name)
         root = f"s3://{name}/team-a"
-        config = write_config(tmp_path / "ckpt.toml", root, moto_server)
+        config = write_config(tmp_path / "ckpt.toml", root, s3_server)
         for step in (1000, 1500, 2000, 2500):
             client.put_object(Bucket=name, Key=f"team-a/exec/a/ck-{step}/model.bin", Body=b"w")
             published = run(config, "publish", "--epoch", "1", "--step", str(step), f"exec/a/ck-{step}")

@@ -171,10 +171,10 @@ class TestStoreFollow:
 
 
 @pytest.fixture
-def s3_bucket(moto_server: str) -> tuple[str, Any]:
+def s3_bucket(s3_server: str) -> tuple[str, Any]:
     """A fresh bucket on moto's server, and a client that arranges it."""
     bucket = new_bucket_name()
-    client = raw_client(moto_server)
+    client = raw_client(s3_server)
     client.create_bucket(Bucket=bucket)
     return bucket, client
 
@@ -182,13 +182,13 @@ def s3_bucket(moto_server: str) -> tuple[str, Any]:
 class TestS3Budget:
     @pytest.mark.parametrize("published", [0, 10, 1500])
     def test_nothing_new_is_one_listing_per_interval_on_the_wire(
-        self, moto_server: str, s3_bucket: tuple[str, Any], published: int
+        self, s3_server: str, s3_bucket: tuple[str, Any], published: int
     ) -> None:
         """Each listing with nothing new is ceil(n/1000) ListObjectsV2 requests (at least one), no other."""
         bucket, arranging = s3_bucket
         for step in range(published):
             arranging.put_object(Bucket=bucket, Key=f"pub/{format_entry_name(Entry(1, step, 'exec/a/c'))}")
-        client = raw_client(moto_server)
+        client = raw_client(s3_server)
         store = S3Store(f"s3://{bucket}", client)
         log = RequestLog(client)
         per_listing = max(1, math.ceil(published / PAGE_SIZE))
@@ -206,10 +206,10 @@ class TestS3Budget:
         assert list(follow(store, interval=0.01, stop=stop)) == []
         assert log.operations() == ["ListObjectsV2"] * (listings * per_listing)
 
-    def test_a_new_entry_costs_nothing_more(self, moto_server: str, s3_bucket: tuple[str, Any]) -> None:
+    def test_a_new_entry_costs_nothing_more(self, s3_server: str, s3_bucket: tuple[str, Any]) -> None:
         """An entry published between listings is yielded; the follower still sends only listings."""
         bucket, arranging = s3_bucket
-        client = raw_client(moto_server)
+        client = raw_client(s3_server)
         store = S3Store(f"s3://{bucket}", client)
         log = RequestLog(client)
         followed = follow(store, interval=0.01)

@@ -1,5 +1,5 @@
 """Pin racing prune with several real processes, on POSIX and on S3 (moto's server with atomic conditional
-puts): a pin that succeeded never loses its entry or its folder.
+puts, and Ceph RGW): a pin that succeeded never loses its entry or its folder.
 
 Whatever the interleaving, the outcome is checked against the rule (``ckpt.application.pins`` rule 2):
 every pin call that returned kept its entry and its save's folder; a pin call that raised left either no
@@ -18,16 +18,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from ckpt.adapters.posix import PosixStore
 from ckpt.adapters.s3 import S3Store
 from ckpt.domain.entries import Entry
-from support.s3 import new_bucket_name, raw_client, serve_moto
+from support.s3 import new_bucket_name, raw_client
 
 POSIX_LAST = 40  # entries at steps 1..LAST; the pinners try every step but the last
 S3_LAST = 16  # fewer on moto, whose requests are slow
@@ -124,14 +121,6 @@ class S3Root:
         return {int(key.split("/")[2].removeprefix("ck-")) for key in self._keys()}
 
 
-@pytest.fixture(scope="module")
-def atomic_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """moto's server with atomic conditional puts (as S3 has them), for this module."""
-    log = tmp_path_factory.mktemp("atomic-moto") / "server.log"
-    with serve_moto(log, module="support.atomic_moto_server", cwd=TESTS) as endpoint:
-        yield endpoint
-
-
 def race(where: Any, tmp_path: Path, last: int) -> dict[int, bool]:
     """Run the pinners and pruners on ``where`` together; return each step's pin outcome."""
     go = tmp_path / "go"
@@ -195,7 +184,7 @@ def test_posix_a_pin_that_returned_never_loses_its_entry_or_folder(tmp_path: Pat
     check(where, race(where, tmp_path, POSIX_LAST), POSIX_LAST)
 
 
-def test_s3_a_pin_that_returned_never_loses_its_entry_or_folder(tmp_path: Path, atomic_moto: str) -> None:
+def test_s3_a_pin_that_returned_never_loses_its_entry_or_folder(tmp_path: Path, s3_server: str) -> None:
     """The same race on one bucket of moto's server."""
-    where = S3Root(atomic_moto, S3_LAST)
+    where = S3Root(s3_server, S3_LAST)
     check(where, race(where, tmp_path, S3_LAST), S3_LAST)

@@ -2,10 +2,10 @@
 whatever the interleaving with other pins (issue 19, case 3; docs/spec/operations.md §5.4, §9.2;
 layout.md §5.10).
 
-* the put-back of an entry pinned during the prune fails (``EIO`` on POSIX, ``503`` from moto's server on
-  S3): the prune fails naming its journal and what it removed; the next prune puts the entry back;
+* the put-back of an entry pinned during the prune fails (``EIO`` on POSIX, ``503`` from the S3 server, moto's
+  and Ceph RGW): the prune fails naming its journal and what it removed; the next prune puts the entry back;
 * the prune is killed (a real SIGKILL) after removing the entries, before deciding its journal, and before
-  the put-back, on POSIX and on S3 (moto's server): the next ``ckpt prune`` (a real process) puts the entry
+  the put-back, on POSIX and on S3 (moto and RGW): the next ``ckpt prune`` (a real process) puts the entry
   back and finishes the job;
 * two pins of one entry race a prune (forced step by step): the second says "already pinned" while the
   first sees the entry gone; the first no longer withdraws the pin the second relied on.
@@ -259,14 +259,14 @@ S3_KILLER = textwrap.dedent(
 class TestS3KilledPrune:
     @pytest.mark.parametrize("point", ["after-the-entries", "before-the-decision", "before-the-put-back"])
     def test_a_pin_made_during_a_killed_prune_holds(
-        self, moto_server: str, tmp_path: Path, point: str
+        self, s3_server: str, tmp_path: Path, point: str
     ) -> None:
         """On moto's server, the prune (a real process) killed by SIGKILL at each point between removing the
         entries and putting the pinned one back; ``ckpt prune`` (a real process) then puts e1 back and
         finishes: e2's objects gone, no journal or decision left."""
-        client, bucket, root = s3_root(moto_server)
+        client, bucket, root = s3_root(s3_server)
         env = clean_env(**FAKE_ENVIRON)
-        killed = run([sys.executable, "-c", S3_KILLER, moto_server, bucket, point, str(TESTS)], env)
+        killed = run([sys.executable, "-c", S3_KILLER, s3_server, bucket, point, str(TESTS)], env)
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         assert killed.stdout.splitlines() == ["pinned True"]
         store = S3Store(root, client)
@@ -274,7 +274,7 @@ class TestS3KilledPrune:
         assert E1 not in store.entries()
         config = tmp_path / "ckpt.toml"
         config.write_text(
-            f'[s3]\nendpoint_url = "{moto_server}"\nregion = "us-east-1"\naddressing_style = "path"\n'
+            f'[s3]\nendpoint_url = "{s3_server}"\nregion = "us-east-1"\naddressing_style = "path"\n'
             '[[credentials]]\nsource = "env"\n'
         )
         prune = ckpt("--config", str(config), "--root", root, "prune", "--keep", "1", env=env)
@@ -393,19 +393,19 @@ class GatedCreate(PosixStore):
 
 class TestS3PutBackFails:
     def test_a_failed_put_back_on_s3_is_reported_and_the_next_prune_puts_it_back(
-        self, moto_server: str
+        self, s3_server: str
     ) -> None:
         """On moto's server: e1 pinned (the real flow) just before the prune's DeleteObjects of the entries;
         the put-back PutObject of pub/<e1> answered 503 every time; the prune fails naming its journal;
         the next prune puts e1 back and finishes."""
-        client, bucket, root = s3_root(moto_server)
-        pruner = raw_client(moto_server)
+        client, bucket, root = s3_root(s3_server)
+        pruner = raw_client(s3_server)
         state = {"pinned": False}
 
         def pin_before_the_removal(params: Any, **_: Any) -> None:
             keys = [o["Key"] for o in params["Delete"]["Objects"]]
             if not state["pinned"] and keys and keys[0].startswith("pub/"):
-                state["pinned"] = S3Store(root, raw_client(moto_server)).pin(E1)
+                state["pinned"] = S3Store(root, raw_client(s3_server)).pin(E1)
 
         pruner.meta.events.register("before-parameter-build.s3.DeleteObjects", pin_before_the_removal)
         e1_key = f"pub/{format_entry_name(E1)}".encode()

@@ -1,14 +1,14 @@
 """Crash rounds on S3: ``ckpt watch`` and a simulated trainer killed with SIGKILL at random moments.
 
-A trainer (``support.trainer bucket``) writes saves into a bucket on moto's server object by object, every
-kind of hf or dcp save, complete ones and ones that never complete. Meanwhile, round after round, a ``ckpt
-watch`` process is started on the same execution (``--root s3://BUCKET --config FILE``, its ``[s3]`` table
-pointing at moto, its ``[proxy]`` table at a recording proxy, keys from the ``env`` credential source) and
-killed with SIGKILL after a random time: while starting, while learning the published entries, between
-requests, with a put in flight (every fifth one lives until it has put an entry, so that even a slow machine
-sees publications between kills). Every few rounds the trainer is killed too, leaving its current save as it
-was, and restarted at the next save of its plan. At the end the trainer finishes (or is killed one last
-time) and one last ``watch --once`` runs.
+A trainer (``support.trainer bucket``) writes saves into a bucket object by object (on moto's server, then on
+Ceph RGW), every kind of hf or dcp save, complete ones and ones that never complete. Meanwhile, round after
+round, a ``ckpt watch`` process is started on the same execution (``--root s3://BUCKET --config FILE``, its
+``[s3]`` table pointing at the server, its ``[proxy]`` table at a recording proxy, keys from the ``env``
+credential source) and killed with SIGKILL after a random time: while starting, while learning the published
+entries, between requests, with a put in flight (every fifth one lives until it has put an entry, so that even
+a slow machine sees publications between kills). Every few rounds the trainer is killed too, leaving its
+current save as it was, and restarted at the next save of its plan. At the end the trainer finishes (or is
+killed one last time) and one last ``watch --once`` runs.
 
 Then every save that is complete (judged here from the objects themselves, by the framework's rule:
 ``trainer_state.json`` is a JSON object and no sentinel, or ``.metadata`` present) is published exactly
@@ -56,9 +56,9 @@ PROGRESS_LIMIT = 8.0
 
 
 @pytest.fixture(scope="module")
-def proxy(moto_server: str) -> Iterator[ForwardProxy]:
+def proxy(s3_server: str) -> Iterator[ForwardProxy]:
     """A recording proxy to moto: it sees, and timestamps, every request the watchers send."""
-    port = int(moto_server.rsplit(":", 1)[1])
+    port = int(s3_server.rsplit(":", 1)[1])
     with ForwardProxy(resolve={PROXIED_HOST: ("127.0.0.1", port)}) as forward_proxy:
         yield forward_proxy
 
@@ -250,12 +250,12 @@ def complete_saves(client: Any, bucket: str, framework: str) -> dict[str, int]:
 
 @pytest.fixture
 def execution(
-    moto_server: str, proxy: ForwardProxy, tmp_path: Path, request: pytest.FixtureRequest
+    s3_server: str, proxy: ForwardProxy, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Execution]:
     """A fresh bucket and the config file pointing the watchers at it through the proxy."""
     framework: str = request.param
     bucket = new_bucket_name()
-    raw_client(moto_server).create_bucket(Bucket=bucket)
+    raw_client(s3_server).create_bucket(Bucket=bucket)
     config = tmp_path / "ckpt.toml"
     config.write_text(
         f'[s3]\nendpoint_url = "http://{PROXIED_HOST}"\nregion = "us-east-1"\naddressing_style = "path"\n'
@@ -263,13 +263,13 @@ def execution(
         f'[proxy]\nhttp_proxy = "{proxy.url}"\n\n[[credentials]]\nsource = "env"\n'
     )
     with (tmp_path / "processes.log").open("ab") as log:
-        yield Execution(framework, bucket, config, tmp_path, log, moto_server)
+        yield Execution(framework, bucket, config, tmp_path, log, s3_server)
 
 
 class TestKillAndRestartOnS3:
     @pytest.mark.parametrize("execution", ["hf", "dcp"], indirect=True)
     def test_every_complete_save_is_published_exactly_once(
-        self, execution: Execution, proxy: ForwardProxy, moto_server: str
+        self, execution: Execution, proxy: ForwardProxy, s3_server: str
     ) -> None:
         """Watchers and the trainer killed at random: every complete save once, nothing else, never early."""
         rng = random.Random(f"s3-crash-rounds-{execution.framework}")
@@ -277,7 +277,7 @@ class TestKillAndRestartOnS3:
         trainer = Trainer(execution, pace, execution.tmp / "events.jsonl")
         trainer.start(0)
         watcher: subprocess.Popen[bytes] | None = None
-        client = raw_client(moto_server)
+        client = raw_client(s3_server)
         store = S3Store(f"s3://{execution.bucket}", client)
         try:
             for number in range(ROUNDS):

@@ -1,9 +1,10 @@
 """S3 under network faults: every store operation and the watcher's scan, through a fault-injecting proxy.
 
 The store's client is the one ``make_s3_client`` builds from a ``Config``: its endpoint, ``http://s3-only-via-
-proxy``, is a name only the proxy (tests/support/forward_proxy.py) resolves, to moto's server on 127.0.0.1,
-and the ``[proxy]`` table (with proxy credentials) sends every request through the proxy, whose rules inject
-the faults. A second client, straight to moto, arranges objects and reads back what is durable.
+proxy``, is a name only the proxy (tests/support/forward_proxy.py) resolves, to the S3 server on 127.0.0.1
+(moto's, then Ceph RGW: ``s3_server``), and the ``[proxy]`` table (with proxy credentials) sends every request
+through the proxy, whose rules inject the faults. A second client, straight to the server, arranges objects
+and reads back what is durable.
 
 The faults (``FAULTS``): the connection dropped before forwarding; dropped after forwarding (the storage
 applied the request, the answer is lost); ``503 SlowDown``; ``500 InternalError``; ``500`` after forwarding
@@ -456,9 +457,9 @@ def only_through_the_proxy(client: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def rig(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+def rig(s3_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     """moto behind the recording proxy (with proxy credentials), for the whole module."""
-    port = int(moto_server.rsplit(":", 1)[1])
+    port = int(s3_server.rsplit(":", 1)[1])
     resolve = {PROXIED_HOST: ("127.0.0.1", port)}
     with ForwardProxy(resolve=resolve, credentials=(PROXY_USER, PROXY_PASSWORD)) as proxy:
 
@@ -480,7 +481,7 @@ def rig(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 isolate_from_aws_environment(monkeypatch, tmp_path_factory.mktemp("aws-home"))
                 return only_through_the_proxy(make_s3_client(config, environ=SECRET_ENV))
 
-        yield Rig(proxy, raw_client(moto_server), make)
+        yield Rig(proxy, raw_client(s3_server), make)
 
 
 @pytest.fixture

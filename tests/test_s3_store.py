@@ -113,8 +113,8 @@ def moto() -> Iterator[InProcess]:
 
 
 @pytest.fixture
-def http(moto_server: str) -> OverHttp:
-    return OverHttp(moto_server)
+def http(s3_server: str) -> OverHttp:
+    return OverHttp(s3_server)
 
 
 @pytest.fixture
@@ -739,13 +739,13 @@ class TestErrorTranslation:
         self._assert_ours_alone(caught.value)
 
     def test_no_credentials_anywhere_is_a_credentials_error(
-        self, moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+        self, s3_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     ) -> None:
         """A chain that finds nothing is CredentialsError listing the sources, not a botocore error."""
         isolate_from_aws_environment(monkeypatch, tmp_path)
         monkeypatch.delenv("AWS_ACCESS_KEY_ID")
         monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
-        client = make_s3_client(http_settings(moto_server, credentials=()), environ={})
+        client = make_s3_client(http_settings(s3_server, credentials=()), environ={})
         store = S3Store("s3://ckpt-nokeys", only_loopback(client))
         expected = "no credentials found; sources tried: aws-default"
         with pytest.raises(CredentialsError, match=expected) as caught:

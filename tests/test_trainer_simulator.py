@@ -1,8 +1,9 @@
 """The simulated trainer itself: both sinks leave exactly the plan's manifests, and a killed run resumes.
 
-The watcher, crash and S3 suites judge ``ckpt`` against what the trainer says it wrote; this holds the
-trainer to it. A folder and a bucket (moto's server) get the same plan, and each ends up holding, for every
-save, exactly the names and bytes of :func:`support.trainer.manifest`, with one event format on both.
+The watcher, crash and S3 suites judge ``ckpt`` against what the trainer says it wrote; this holds the trainer
+to it. A folder and a bucket (on moto's server and on Ceph RGW) get the same plan, and each ends up holding,
+for every save, exactly the names and bytes of :func:`support.trainer.manifest`, with one event format on
+both.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def test_a_folder_holds_the_manifests_and_the_events_say_so(tmp_path: Path) -> N
         assert _events(events)[-1] == {"finished": True}
 
 
-def test_a_bucket_holds_the_same_manifests(moto_server: str) -> None:
+def test_a_bucket_holds_the_same_manifests(s3_server: str) -> None:
     """The same plans into a bucket, object by object: the same names and bytes, nothing left in staging."""
-    client = raw_client(moto_server)
+    client = raw_client(s3_server)
     for framework in ("hf", "dcp"):
         bucket = new_bucket_name()
         client.create_bucket(Bucket=bucket)

@@ -45,9 +45,12 @@ ACCESS_KEYS: dict[str, str] = {
     "probe-test-key": "probe-test-secret",
     "cli-test-key": "cli-test-secret-value",
     "resume-key": "resume-secret",
+    "AKIDPLATFORM": "platform-secret-never-shown",
+    "AKIAFAULTINJECTION": "secret-key-never-shown",
+    "AKIDVIAPROXY": "sk",
 }
 USER = "ckpt"
-HOST_NAMES = ("localhost", "unresolvable-s3")
+HOST_NAMES = ("localhost", "unresolvable-s3", "s3-only-via-proxy", "s3.unresolvable.test", "s3.internal.test")
 _START_SECONDS = 90.0
 _COMMAND_SECONDS = 60.0  # radosgw-admin hangs, rather than fails, on a cluster whose PGs never go active
 
