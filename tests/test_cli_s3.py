@@ -97,7 +97,7 @@ class TestEveryCommandOnS3:
         doctor = run(config, "--json", "doctor")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
         checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
-        assert list(checks) == ["root", "credentials", "proxy", "exclusive-create"]
+        assert list(checks) == ["root", "credentials", "proxy", "exclusive-create", "write-settings"]
         assert "'env'" in checks["credentials"]["detail"]
         assert "direct" in checks["proxy"]["detail"]
         assert all(c["ok"] for c in checks.values())

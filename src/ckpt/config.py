@@ -54,6 +54,11 @@ class S3Settings:
     max_attempts: int = 5
     refresh_seconds: float = 900.0
     max_staleness_seconds: float = 3600.0
+    #: What every object ckpt writes carries, and what every request expects (spec/layout.md §9).
+    sse: str | None = None
+    sse_kms_key_id: str | None = None
+    expected_bucket_owner: str | None = None
+    storage_class: str | None = None
 
 
 @attrs.frozen
@@ -168,7 +173,46 @@ def _parse_s3(table: object) -> S3Settings:
                 f"s3.max_attempts must be an integer >= 1, got {value!r}", key="s3.max_attempts"
             )
         kwargs["max_attempts"] = value
+    kwargs.update(_bucket_settings(table))
     return S3Settings(**kwargs)
+
+
+def _bucket_settings(table: Mapping[str, Any]) -> dict[str, str]:
+    """The keys every write carries (spec/config.md §3.1), each checked as S3 would take it."""
+    from ckpt.domain.bucket_settings import (
+        expected_owner_problem,
+        kms_key_id_problem,
+        sse_problem,
+        storage_class_problem,
+    )
+
+    found: dict[str, str] = {}
+    checks = (
+        ("sse", sse_problem),
+        ("sse_kms_key_id", kms_key_id_problem),
+        ("expected_bucket_owner", expected_owner_problem),
+        ("storage_class", storage_class_problem),
+    )
+    for key, problem_of in checks:
+        if key not in table:
+            continue
+        value = table[key]
+        if not isinstance(value, str) or not value:
+            quote = " (quote it: an account id's leading zeros count)" if isinstance(value, int) else ""
+            raise ConfigError(
+                f"s3.{key} must be a non-empty string{quote}, got {value!r}", key=f"s3.{key}"
+            )
+        problem = problem_of(value)
+        if problem is not None:
+            raise ConfigError(f"s3.{key} {value!r} cannot be used: {problem}", key=f"s3.{key}")
+        found[key] = value
+    if "sse_kms_key_id" in found and found.get("sse") != "aws:kms":
+        raise ConfigError(
+            's3.sse_kms_key_id needs s3.sse = "aws:kms" (a KMS key encrypts only with aws:kms), '
+            f"got s3.sse = {found.get('sse')!r}",
+            key="s3.sse_kms_key_id",
+        )
+    return found
 
 
 def parse_config(document: Mapping[str, Any], *, path: str | None = None) -> Config:

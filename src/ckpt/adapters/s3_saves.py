@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ckpt.adapters.s3.bucket_settings import NO_SETTINGS, BucketSettings
 from ckpt.adapters.s3.errors import (
     MISSING_OBJECT_CODES as _MISSING_OBJECT_CODES,
 )
@@ -31,9 +32,6 @@ from ckpt.adapters.s3.errors import (
 )
 from ckpt.adapters.s3.errors import (
     client_error_code as _client_error_code,
-)
-from ckpt.adapters.s3.errors import (
-    s3_errors as _s3_errors,
 )
 from ckpt.adapters.s3.objects import Bucket, S3Client
 from ckpt.domain.ports import FileInfo
@@ -53,10 +51,17 @@ class S3Saves:
     """The saves location at key prefix ``prefix`` (ending in ``/``) of ``bucket``, through ``client``."""
 
     def __init__(
-        self, client: S3Client, bucket: str, prefix: str, *, concurrency: int = DEFAULT_CONCURRENCY
+        self,
+        client: S3Client,
+        bucket: str,
+        prefix: str,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        settings: BucketSettings = NO_SETTINGS,
     ) -> None:
         self._client = client
-        self._bucket = Bucket(S3Root(bucket, ""), client)  # keys below are whole keys: no root prefix
+        # Keys below are whole keys (no root prefix); every request carries the bucket settings' parameters.
+        self._bucket = Bucket(S3Root(bucket, ""), client, settings)
         self.bucket = bucket
         self.prefix = prefix if prefix.endswith("/") or not prefix else prefix + "/"
         self.concurrency = max(1, concurrency)
@@ -99,9 +104,9 @@ class S3Saves:
         """Whether the object ``path`` exists (one ``HeadObject``)."""
         key = self.prefix + path
         errors = _botocore_errors()
-        with _s3_errors("check", self._url(key), self.bucket):
+        with self._bucket.errors("check", self._url(key)):
             try:
-                self._client.head_object(Bucket=self.bucket, Key=key)
+                self._client.head_object(**self._bucket.params(Key=key))
             except errors.ClientError as exc:
                 if _client_error_code(exc)[0] in _MISSING_OBJECT_CODES:
                     return False
@@ -112,10 +117,10 @@ class S3Saves:
         """One ranged ``GetObject``: the bytes and the object's size, or ``None`` when there is no object."""
         key = self.prefix + path
         errors = _botocore_errors()
-        with _s3_errors("read", self._url(key), self.bucket):
+        with self._bucket.errors("read", self._url(key)):
             for attempt in range(1, _BODY_ATTEMPTS + 1):
                 try:
-                    answer = self._client.get_object(Bucket=self.bucket, Key=key, Range=byte_range)
+                    answer = self._client.get_object(**self._bucket.params(Key=key, Range=byte_range))
                 except errors.ClientError as exc:
                     code = _client_error_code(exc)[0]
                     if code in _MISSING_OBJECT_CODES:

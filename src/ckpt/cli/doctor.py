@@ -13,6 +13,9 @@ Checks, each reported with a name, a verdict and one line of detail (never a sec
   that ignore the condition (or a proxy that strips it) and servers that check and then write, letting two
   concurrent writers both win: either would silently break the log. On POSIX the store refuses a second
   exclusive create of the same name, which also proves the root is writable and fsync works.
+* ``write-settings`` (S3): one probe object written as every object is (``[s3]`` ``sse``,
+  ``sse_kms_key_id``, ``storage_class``, ``expected_bucket_owner``) comes back, by ``HeadObject``, with
+  the encryption, KMS key and storage class asked for. Its detail shows what came back.
 
 Exit 0 when every check passes, 1 otherwise.
 """
@@ -123,6 +126,7 @@ def _checks(ctx: Context, numbers: dict[str, dict[str, int]]) -> list[tuple[str,
         check("proxy", lambda: _check_proxy(s3_store))
         if root_ok:
             check("exclusive-create", lambda: _probe(s3_store))
+            check("write-settings", s3_store.check_write_settings)
     elif root_ok:
         check("exclusive-create", lambda: _probe(store))
     return results

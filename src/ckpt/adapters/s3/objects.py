@@ -6,6 +6,10 @@ conflicts retried a bounded number of times; a 412 tells its own earlier success
 the writer token, docs/spec/operations.md §2.6), quiet ``DeleteObjects`` 1000 keys a request reporting the
 keys S3 refused, and a ``GetObject`` whose body is asked for again when it breaks off mid-stream (botocore
 retries every request whose answer fails, but not a body it already handed over).
+
+Every request carries the bucket settings (docs/spec/layout.md §9) from one place: :meth:`Bucket.params`
+adds ``ExpectedBucketOwner`` to each, and :meth:`Bucket.put_object`, the one function every write goes
+through, adds the encryption and the storage class too.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol
 
+from ckpt.adapters.s3.bucket_settings import NO_SETTINGS, BucketSettings
 from ckpt.adapters.s3.errors import (
     CONDITIONAL_CONFLICT,
     MISSING_OBJECT_CODES,
@@ -58,13 +63,23 @@ class S3Client(Protocol):
 
 
 class Bucket:
-    """The root's bucket and prefix, and the requests on it."""
+    """The root's bucket and prefix, and the requests on it, each carrying ``settings``."""
 
-    __slots__ = ("client", "root")
+    __slots__ = ("client", "root", "settings")
 
-    def __init__(self, root: S3Root, client: S3Client) -> None:
+    def __init__(self, root: S3Root, client: S3Client, settings: BucketSettings = NO_SETTINGS) -> None:
         self.root = root
         self.client = client
+        self.settings = settings
+
+    def params(self, **params: Any) -> dict[str, Any]:
+        """A request's parameters: the bucket, ``params`` and what every request carries (the owner)."""
+        return {"Bucket": self.root.bucket, **params, **self.settings.request_params()}
+
+    def put_object(self, key: str, body: bytes, **params: Any) -> dict[str, Any]:
+        """Send one ``PutObject`` of ``key`` with the write settings: every object ckpt writes goes here."""
+        write = self.settings.write_params()  # what every request carries, and the encryption and class
+        return self.client.put_object(Bucket=self.root.bucket, Key=key, Body=body, **params, **write)
 
     def key(self, path: str) -> str:
         """The key of a path relative to the root."""
@@ -74,13 +89,15 @@ class Bucket:
         """The ``s3://`` URL of a key."""
         return f"s3://{self.root.bucket}/{key}"
 
-    def errors(self, action: str, location: str) -> contextlib.AbstractContextManager[None]:
-        """The error boundary for one request about ``location``."""
-        return s3_errors(action, location, self.root.bucket)
+    def errors(
+        self, action: str, location: str, *, write: bool = False
+    ) -> contextlib.AbstractContextManager[None]:
+        """The error boundary for one request about ``location`` (``write``: one that creates an object)."""
+        return s3_errors(action, location, self.root.bucket, self.settings.denied_hint(write=write))
 
     def pages(self, prefix: str, *, delimiter: bool, action: str) -> Iterator[dict[str, Any]]:
         """Yield the ``ListObjectsV2`` pages under ``prefix``, 1000 keys each, following continuation."""
-        params: dict[str, Any] = {"Bucket": self.root.bucket, "Prefix": prefix, "MaxKeys": PAGE_SIZE}
+        params = self.params(Prefix=prefix, MaxKeys=PAGE_SIZE)
         if delimiter:
             params["Delimiter"] = "/"
         location = self.url(prefix)
@@ -106,7 +123,7 @@ class Bucket:
 
     def any_object_under(self, prefix: str, *, action: str) -> bool:
         """Return True when at least one object's key starts with ``prefix`` (one request)."""
-        params = {"Bucket": self.root.bucket, "Prefix": prefix, "MaxKeys": 1}
+        params = self.params(Prefix=prefix, MaxKeys=1)
         with self.errors(action, self.url(prefix)):
             page = self.client.list_objects_v2(**params)
         return bool(page.get("Contents") or page.get("KeyCount"))
@@ -127,15 +144,9 @@ class Bucket:
         token = secrets.token_hex(_WRITER_TOKEN_BYTES)  # one per call: every attempt carries the same
         pause = _CONFLICT_BACKOFF_SECONDS
         for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
-            with self.errors(action, location):
+            with self.errors(action, location, write=True):
                 try:
-                    self.client.put_object(
-                        Bucket=self.root.bucket,
-                        Key=key,
-                        Body=body,
-                        IfNoneMatch="*",
-                        Metadata={WRITER_METADATA: token},
-                    )
+                    self.put_object(key, body, IfNoneMatch="*", Metadata={WRITER_METADATA: token})
                 except errors.ClientError as exc:
                     code, status = client_error_code(exc)
                     if code == NOT_IMPLEMENTED or status == 501:
@@ -170,7 +181,7 @@ class Bucket:
         errors = botocore_errors()
         with self.errors(f"tell who created (a 412 answered {action})", self.url(key)):
             try:
-                answer = self.client.head_object(Bucket=self.root.bucket, Key=key)
+                answer = self.client.head_object(**self.params(Key=key))
             except errors.ClientError as exc:
                 if client_error_code(exc)[0] in MISSING_OBJECT_CODES:
                     return None  # removed since the 412: someone else's create happened, not this one
@@ -181,8 +192,8 @@ class Bucket:
 
     def put(self, key: str, data: bytes, *, action: str) -> None:
         """Write the object ``key`` (an acknowledged put is durable)."""
-        with self.errors(action, self.url(key)):
-            self.client.put_object(Bucket=self.root.bucket, Key=key, Body=data)
+        with self.errors(action, self.url(key), write=True):
+            self.put_object(key, data)
 
     def delete_keys(self, keys: Sequence[str], *, action: str, location: str) -> list[tuple[str, str]]:
         """Delete ``keys`` with ``DeleteObjects`` (quiet), 1000 a request; return the refused (key, code)."""
@@ -191,8 +202,7 @@ class Bucket:
             batch = keys[start : start + PAGE_SIZE]
             with self.errors(action, location):
                 answer = self.client.delete_objects(
-                    Bucket=self.root.bucket,
-                    Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
+                    **self.params(Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True})
                 )
             for error in answer.get("Errors", ()):
                 code = str(error.get("Code") or "unknown error")
@@ -203,7 +213,7 @@ class Bucket:
     def delete_object(self, key: str, *, action: str) -> None:
         """Delete one object (deleting a missing key succeeds)."""
         with self.errors(action, self.url(key)):
-            self.client.delete_object(Bucket=self.root.bucket, Key=key)
+            self.client.delete_object(**self.params(Key=key))
 
     def get(self, key: str, *, action: str, limit: int) -> bytes | None:
         """Return the object's content, or ``None`` when there is none; over ``limit`` bytes is ``too_large``.
@@ -215,7 +225,7 @@ class Bucket:
         with self.errors(action, location):
             for attempt in range(1, _BODY_ATTEMPTS + 1):
                 try:
-                    answer = self.client.get_object(Bucket=self.root.bucket, Key=key)
+                    answer = self.client.get_object(**self.params(Key=key))
                 except errors.ClientError as exc:
                     if client_error_code(exc)[0] in MISSING_OBJECT_CODES:
                         return None
@@ -245,12 +255,15 @@ class Bucket:
 
     def head(self, key: str, *, action: str) -> bool:
         """Return True when the object ``key`` exists (one ``HeadObject``)."""
+        return self.head_answer(key, action=action) is not None
+
+    def head_answer(self, key: str, *, action: str) -> dict[str, Any] | None:
+        """The ``HeadObject`` answer of ``key``, or ``None`` when there is no such object."""
         errors = botocore_errors()
         with self.errors(action, self.url(key)):
             try:
-                self.client.head_object(Bucket=self.root.bucket, Key=key)
+                return self.client.head_object(**self.params(Key=key))
             except errors.ClientError as exc:
                 if client_error_code(exc)[0] in MISSING_OBJECT_CODES:
-                    return False
+                    return None
                 raise
-        return True

@@ -28,6 +28,8 @@ key under ``PREFIX/`` or at the top of the bucket):
    journal first.
 6. A small file beside the saves (an execution's epoch record, ``WritesSmallFiles``) is one ``PutObject``
    of the whole content: an acknowledged put is durable, and a reader sees the old object or the new one.
+7. Every request carries the bucket settings (``BucketSettings``, docs/spec/layout.md §9): each write goes
+   through ``Bucket.put_object``, each other request through ``Bucket.params``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ckpt.adapters.concurrent_probe import DEFAULT_WRITERS, run_at_once
+from ckpt.adapters.s3.bucket_settings import NO_SETTINGS, BucketSettings
 from ckpt.adapters.s3.client import S3Connection
 from ckpt.adapters.s3.objects import Bucket, S3Client
 from ckpt.adapters.s3.pins import S3Pins
@@ -245,9 +248,16 @@ class S3Store(CheckpointStore):
 
     __slots__ = ("_bucket", "connection")
 
-    def __init__(self, root: str, client: S3Client, *, connection: S3Connection | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        client: S3Client,
+        *,
+        connection: S3Connection | None = None,
+        settings: BucketSettings = NO_SETTINGS,
+    ) -> None:
         parsed = parse_s3_root(root)
-        self._bucket = Bucket(parsed, client)
+        self._bucket = Bucket(parsed, client, settings)
         #: How the client was built (endpoint, proxy, credentials), when ``open_s3_store`` built it.
         self.connection = connection
         locator = Locator(parsed.url, scheme="s3://", form="an s3:// URL")
@@ -259,6 +269,11 @@ class S3Store(CheckpointStore):
     def bucket(self) -> str:
         """The bucket name."""
         return self._bucket.root.bucket
+
+    @property
+    def settings(self) -> BucketSettings:
+        """What every request and every write carries (rule 7)."""
+        return self._bucket.settings
 
     @property
     def prefix(self) -> str:
@@ -277,7 +292,7 @@ class S3Store(CheckpointStore):
             return StoreSaves(self, location)
         at_root = location.rstrip("/") == self.root.rstrip("/")
         prefix = self.prefix if at_root else f"{self.prefix}{self.save_of(location)}/"
-        return S3Saves(self._bucket.client, self.bucket, prefix)
+        return S3Saves(self._bucket.client, self.bucket, prefix, settings=self.settings)
 
     def write_file(self, location: str, name: str, data: bytes) -> None:
         """The ``WritesSmallFiles`` capability: one ``PutObject`` of ``<save>/<name>`` (rule 6)."""
@@ -310,3 +325,26 @@ class S3Store(CheckpointStore):
             created=verdict.created,
             refused=verdict.refused,
         )
+
+    def check_write_settings(self) -> tuple[bool, str]:
+        """Write one probe object as every write is sent (``Bucket.put_object``), read its ``HeadObject``
+        and say whether it came back with the encryption, KMS key and storage class asked for (``ckpt
+        doctor``; spec/layout.md §9.4). The key is ``<root>/.ckpt-doctor/<random>``; it is deleted
+        afterwards whatever happened. A refused write or head raises as usual.
+        """
+        bucket = self._bucket
+        key = bucket.key(f"{_PROBE_DIR}/{secrets.token_hex(8)}")
+        try:
+            bucket.create_new(key, action="probe the write settings at")
+            head = bucket.head_answer(key, action="check the written probe object") or {}
+        finally:
+            bucket.delete_object(key, action="remove the probe object")
+        written = (
+            f"encryption {head.get('ServerSideEncryption') or 'none'}"
+            + (f" with KMS key {head['SSEKMSKeyId']}" if head.get("SSEKMSKeyId") else "")
+            + f", storage class {head.get('StorageClass') or 'STANDARD'}"
+        )
+        problems = self.settings.check_written(head)
+        if problems:
+            return False, f"the probe object came back with {'; '.join(problems)}"
+        return True, f"{self.settings.described()}; the probe object came back with {written}"
