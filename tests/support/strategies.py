@@ -42,7 +42,9 @@ S3_STRINGS = ("region", "ca_bundle")
 # Seconds in [s3] are finite and at most this many (about 115 days): anything longer cannot be waited for.
 MAX_SECONDS = 10_000_000
 S3_NUMBERS = ("connect_timeout", "read_timeout", "refresh_seconds", "max_staleness_seconds")
-S3_KEYS = ("endpoint_url", *S3_STRINGS, "addressing_style", *S3_NUMBERS, "max_attempts")
+# The bucket settings (spec/config.md §3.1): sse_kms_key_id only beside sse = "aws:kms".
+S3_BUCKET_KEYS = ("sse", "sse_kms_key_id", "expected_bucket_owner", "storage_class")
+S3_KEYS = ("endpoint_url", *S3_STRINGS, "addressing_style", *S3_NUMBERS, "max_attempts", *S3_BUCKET_KEYS)
 PROXY_KEYS = ("http_proxy", "https_proxy", "no_proxy")
 ENV_VARS = ("access_key_id_var", "secret_access_key_var", "session_token_var")
 SOURCE_KEYS = {
@@ -118,8 +120,13 @@ def _s3() -> st.SearchStrategy[dict[str, Any]]:
     optional |= {
         "addressing_style": st.sampled_from(CHOICES["addressing_style"]),
         "max_attempts": st.integers(1, 50),
+        "expected_bucket_owner": st.from_regex(r"[0-9]{12}", fullmatch=True),
+        "storage_class": st.sampled_from(["STANDARD", "STANDARD_IA", "GLACIER_IR", "COLD", "tier-2.fast"]),
     }
-    return st.fixed_dictionaries({}, optional=optional)
+    encryption = st.sampled_from(
+        [{}, {"sse": "AES256"}, {"sse": "aws:kms"}, {"sse": "aws:kms", "sse_kms_key_id": "alias/ckpt"}]
+    )
+    return st.tuples(st.fixed_dictionaries({}, optional=optional), encryption).map(lambda t: t[0] | t[1])
 
 
 def _auth() -> st.SearchStrategy[dict[str, Any]]:
@@ -335,6 +342,14 @@ def _refusable(document: dict[str, Any], draw: st.DrawFn) -> list[tuple[Path, An
             refuse(path, draw(st.sampled_from([0, -3])))
         elif key == "addressing_style":
             refuse(path, draw(_TEXT.filter(lambda t: t not in CHOICES["addressing_style"])))
+        elif key == "sse":
+            refuse(path, draw(st.sampled_from(["aes256", "AWS:KMS", "aws:kms:dsse", "none"])))
+        elif key == "sse_kms_key_id":
+            refuse(path, draw(st.sampled_from(["my key", "ключ", "k" * 2049])))
+        elif key == "expected_bucket_owner":
+            refuse(path, draw(st.sampled_from(["12345678901", "1234567890123", "arn:aws:iam::1:root"])))
+        elif key == "storage_class":
+            refuse(path, draw(st.sampled_from(["GLACIER", "DEEP_ARCHIVE", "standard", "two words"])))
     for key in ("http_proxy", "https_proxy"):
         if key in document.get("proxy", {}):
             bad = draw(st.sampled_from([f"socks5://u:{PROXY_PASSWORD}@proxy.example:1080",
