@@ -312,6 +312,26 @@ class TestABucketThatRequiresEncryption:
         head = looker.head_object(Bucket=bucket, Key=f"exec/{ATTEMPT}/{EPOCH_RECORD}")
         assert head["ServerSideEncryption"] == "AES256"
 
+    def test_the_command_line_says_so_in_one_line(
+        self, secure_server: str, bucket: str, tmp_path: Path
+    ) -> None:
+        """``ckpt publish`` as a process: exit 1, one line naming ``[s3] sse``, no secret; with ``sse`` set
+        in the file the same publish succeeds."""
+        looker = raw_client(secure_server)
+        put_save(looker, bucket, f"exec/{ATTEMPT}/checkpoint-100")
+        policy = json.dumps(DENY_UNENCRYPTED).replace("{bucket}", bucket)
+        looker.put_bucket_policy(Bucket=bucket, Policy=policy)
+        args = ("publish", "--epoch", "1", "--step", "100", f"exec/{ATTEMPT}/checkpoint-100")
+        refused = run(write_config(tmp_path / "plain.toml", secure_server, bucket), *args)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("ckpt: ")]  # not the logs
+        assert len(errors) == 1, refused.stderr
+        assert errors[0].startswith("ckpt: cannot publish ")
+        assert "the bucket may require server-side encryption: set [s3] sse" in errors[0]
+        assert KEYS["AWS_SECRET_ACCESS_KEY"] not in refused.stderr
+        published = run(write_config(tmp_path / "sse.toml", secure_server, bucket, sse="AES256"), *args)
+        assert published.returncode == 0, published.stderr
+
     def test_stock_moto_cannot_prove_it(self, moto_server: str) -> None:
         """Why the double exists: moto's own server ignores the policy's condition and refuses the encrypted
         put as well (and accepts any expected owner), so it cannot tell ckpt's settings from their absence."""

@@ -327,7 +327,7 @@ class S3Store(CheckpointStore):
         )
 
     def check_write_settings(self) -> tuple[bool, str]:
-        """Write one probe object as every write is sent (``Bucket.put_object``), read its ``HeadObject``
+        """Put one probe object as every write is sent (``Bucket.put_object``), read its ``HeadObject``
         and say whether it came back with the encryption, KMS key and storage class asked for (``ckpt
         doctor``; spec/layout.md §9.4). The key is ``<root>/.ckpt-doctor/<random>``; it is deleted
         afterwards whatever happened. A refused write or head raises as usual.
@@ -335,7 +335,7 @@ class S3Store(CheckpointStore):
         bucket = self._bucket
         key = bucket.key(f"{_PROBE_DIR}/{secrets.token_hex(8)}")
         try:
-            bucket.create_new(key, action="probe the write settings at")
+            bucket.put(key, b"", action="probe the write settings at")
             head = bucket.head_answer(key, action="check the written probe object") or {}
         finally:
             bucket.delete_object(key, action="remove the probe object")
