@@ -329,7 +329,7 @@ class S3Store(CheckpointStore):
     def check_write_settings(self) -> tuple[bool, str]:
         """Put one probe object as every write is sent (``Bucket.put_object``), read its ``HeadObject``
         and say whether it came back with the encryption, KMS key and storage class asked for (``ckpt
-        doctor``; spec/layout.md §9.4). The key is ``<root>/.ckpt-doctor/<random>``; it is deleted
+        doctor``; spec/layout.md §9.3). The key is ``<root>/.ckpt-doctor/<random>``; it is deleted
         afterwards whatever happened. A refused write or head raises as usual.
         """
         bucket = self._bucket
