@@ -166,8 +166,10 @@ class TestEveryWriteCarriesTheSettings:
         assert {"PutObject", "ListObjectsV2", "HeadObject", "GetObject", "DeleteObjects", "DeleteObject"} <= (
             wire.operations()
         )
+        owners = [(operation, headers.get("x-amz-expected-bucket-owner")) for operation, headers in wire.sent]
+        probes = [owner for owner in owners if owner[1] != DEFAULT_ACCOUNT_ID]
+        assert probes == [("HeadObject", "000000000000")]  # doctor's: does the server check the owner?
         for operation, headers in wire.sent:
-            assert headers.get("x-amz-expected-bucket-owner") == DEFAULT_ACCOUNT_ID, operation
             for name, value in _SSE_HEADERS.items():
                 assert (headers.get(name) == value) is (operation == "PutObject"), (operation, name)
 
@@ -271,6 +273,7 @@ class TestDoctorWriteSettings:
         detail = checks["write-settings"]["detail"]
         assert checks["write-settings"]["ok"] is True
         assert f"encryption aws:kms with KMS key {KMS_ARN}, storage class STANDARD_IA" in detail
+        assert detail.endswith("; a request expecting another owner was refused")
         assert raw_client(secure_server).list_objects_v2(Bucket=bucket).get("KeyCount") == 0  # cleaned up
 
     def test_an_object_stored_otherwise_than_asked_fails_the_check(self) -> None:

@@ -63,6 +63,10 @@ class BucketSettings:
             params["StorageClass"] = self.storage_class
         return params
 
+    def other_owner(self) -> str:
+        """An account id that is not ``expected_bucket_owner`` (doctor asks whether the server checks it)."""
+        return "000000000001" if self.expected_bucket_owner == "000000000000" else "000000000000"
+
     def denied_hint(self, *, write: bool) -> str:
         """What an ``AccessDenied`` may mean under these settings ("" when nothing more can be said)."""
         hints = []

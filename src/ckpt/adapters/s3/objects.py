@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 
 from ckpt.adapters.s3.bucket_settings import NO_SETTINGS, BucketSettings
 from ckpt.adapters.s3.errors import (
+    ACCESS_DENIED_CODES,
     CONDITIONAL_CONFLICT,
     MISSING_OBJECT_CODES,
     NOT_IMPLEMENTED,
@@ -256,6 +257,21 @@ class Bucket:
     def head(self, key: str, *, action: str) -> bool:
         """Return True when the object ``key`` exists (one ``HeadObject``)."""
         return self.head_answer(key, action=action) is not None
+
+    def owner_checked(self, key: str, *, action: str) -> bool:
+        """Whether the server refuses a ``HeadObject`` of ``key`` expecting another owner than the bucket
+        settings' (``BucketSettings.other_owner``): ``False`` when it answers it, so ignores the header."""
+        errors = botocore_errors()
+        other = self.settings.other_owner()
+        with self.errors(action, self.url(key)):
+            try:
+                self.client.head_object(**{**self.params(Key=key), "ExpectedBucketOwner": other})
+            except errors.ClientError as exc:
+                code, status = client_error_code(exc)
+                if code in ACCESS_DENIED_CODES or (not code and status == 403):
+                    return True
+                raise
+        return False
 
     def head_answer(self, key: str, *, action: str) -> dict[str, Any] | None:
         """The ``HeadObject`` answer of ``key``, or ``None`` when there is no such object."""

@@ -328,15 +328,19 @@ class S3Store(CheckpointStore):
 
     def check_write_settings(self) -> tuple[bool, str]:
         """Put one probe object as every write is sent (``Bucket.put_object``), read its ``HeadObject``
-        and say whether it came back with the encryption, KMS key and storage class asked for (``ckpt
-        doctor``; spec/layout.md §9.3). The key is ``<root>/.ckpt-doctor/<random>``; it is deleted
+        and say whether it came back with the encryption, KMS key and storage class asked for, and, with
+        ``expected_bucket_owner`` set, whether the server refuses a ``HeadObject`` expecting another owner
+        (``ckpt doctor``; spec/layout.md §9.3). The key is ``<root>/.ckpt-doctor/<random>``; it is deleted
         afterwards whatever happened. A refused write or head raises as usual.
         """
         bucket = self._bucket
         key = bucket.key(f"{_PROBE_DIR}/{secrets.token_hex(8)}")
+        owner_checked = True
         try:
             bucket.put(key, b"", action="probe the write settings at")
             head = bucket.head_answer(key, action="check the written probe object") or {}
+            if self.settings.expected_bucket_owner is not None:
+                owner_checked = bucket.owner_checked(key, action="check the expected owner at")
         finally:
             bucket.delete_object(key, action="remove the probe object")
         written = (
@@ -345,6 +349,14 @@ class S3Store(CheckpointStore):
             + f", storage class {head.get('StorageClass') or 'STANDARD'}"
         )
         problems = self.settings.check_written(head)
-        if problems:
-            return False, f"the probe object came back with {'; '.join(problems)}"
+        failures = [f"the probe object came back with {'; '.join(problems)}"] if problems else []
+        if not owner_checked:
+            failures.append(
+                f"the server answered a request expecting the owner {self.settings.other_owner()}: it does "
+                "not check [s3] expected_bucket_owner, which guards nothing there"
+            )
+        if failures:
+            return False, "; ".join(failures)
+        if self.settings.expected_bucket_owner is not None:
+            written += "; a request expecting another owner was refused"
         return True, f"{self.settings.described()}; the probe object came back with {written}"
