@@ -28,7 +28,10 @@ from ckpt.application.catchup import record_epoch
 from ckpt.application.world_size_record import record_world_size
 from ckpt.config import parse_config
 from ckpt.domain.catchup import EPOCH_RECORD, WORLD_SIZE_RECORD
-from ckpt.domain.errors import ConfigError, StorageError
+from ckpt.domain.errors import CkptError, ConfigError, StorageError
+from support.rgw import KMS_KEY_ID as RGW_KMS_KEY_ID
+from support.rgw import STORAGE_CLASS as RGW_STORAGE_CLASS
+from support.rgw import RgwServer
 from support.s3 import http_settings, new_bucket_name, raw_client, serve_moto
 from support.saves import put_save
 from test_cli_s3 import KEYS, run
@@ -125,6 +128,44 @@ def publish_saves(store: S3Store, looker: Any, steps: tuple[int, ...]) -> None:
         store.publish(1, step, store.exec_dir(ATTEMPT) + f"/checkpoint-{step}")
 
 
+def write_every_kind(store: S3Store, looker: Any) -> None:
+    """Entries, a pin, the epoch and world-size records, a prune (its journal and decision), doctor's two
+    probes, and the watcher's reads of a save folder (listing, head, ranged get)."""
+    publish_saves(store, looker, (100, 200, 300))
+    assert store.pin(store.entries()[1]) is True
+    assert record_epoch(store, ATTEMPT, 1) == 1
+    assert record_world_size(store, ATTEMPT, 2) == 2
+    assert [e.step for e in store.prune(1).removed_entries] == [100]
+    assert store.probe_exclusive_create().honoured
+    assert store.check_write_settings()[0] is True
+    reader = store.saves_reader(store.exec_dir(ATTEMPT))
+    assert reader.items()
+    assert reader.is_file(EPOCH_RECORD)
+    assert reader.head(EPOCH_RECORD, 1) == b"1"
+
+
+WRITTEN_KINDS = {
+    "entry": r"pub/.+",
+    "pin": r"pins/.+",
+    "epoch record": rf"exec/{ATTEMPT}/{re.escape(EPOCH_RECORD)}",
+    "world-size record": rf"exec/{ATTEMPT}/{re.escape(WORLD_SIZE_RECORD)}",
+    "prune journal": r"\.ckpt-prune-[0-9a-f]{16}",
+    "prune decision": r"\.ckpt-prune-[0-9a-f]{16}\.decided",
+    "doctor probe": r"\.ckpt-doctor/[0-9a-f]{16}",
+}
+
+
+def assert_every_kind_written(wire: Wire, *, sse: str, key_id: str, storage_class: str) -> None:
+    """Every kind of object was written, and each came back (HeadObject) as asked."""
+    written = set(wire.heads)
+    for kind, pattern in WRITTEN_KINDS.items():
+        assert any(re.fullmatch(pattern, key) for key in written), f"no {kind} among {sorted(written)}"
+    for key, head in wire.heads.items():
+        assert head.get("ServerSideEncryption") == sse, key
+        assert head.get("SSEKMSKeyId") == key_id, key
+        assert head.get("StorageClass") == storage_class, key
+
+
 class TestEveryWriteCarriesTheSettings:
     def test_every_object_ckpt_writes_comes_back_encrypted_in_its_class(
         self, secure_server: str, bucket: str
@@ -133,35 +174,8 @@ class TestEveryWriteCarriesTheSettings:
         probes are all written with aws:kms, the key and STANDARD_IA, and every request (reads, listings,
         heads, deletes) carries the expected owner; HeadObject by another client shows what was stored."""
         store, wire = secure_store(secure_server, bucket, **SECURE)
-        looker = raw_client(secure_server)
-        publish_saves(store, looker, (100, 200, 300))
-        assert store.pin(store.entries()[1]) is True
-        assert record_epoch(store, ATTEMPT, 1) == 1
-        assert record_world_size(store, ATTEMPT, 2) == 2
-        assert [e.step for e in store.prune(1).removed_entries] == [100]
-        assert store.probe_exclusive_create().honoured
-        assert store.check_write_settings()[0] is True
-        reader = store.saves_reader(store.exec_dir(ATTEMPT))  # the watcher's reads: listing, head, ranged get
-        assert reader.items()
-        assert reader.is_file(EPOCH_RECORD)
-        assert reader.head(EPOCH_RECORD, 1) == b"1"
-
-        kinds = {
-            "entry": r"pub/.+",
-            "pin": r"pins/.+",
-            "epoch record": rf"exec/{ATTEMPT}/{re.escape(EPOCH_RECORD)}",
-            "world-size record": rf"exec/{ATTEMPT}/{re.escape(WORLD_SIZE_RECORD)}",
-            "prune journal": r"\.ckpt-prune-[0-9a-f]{16}",
-            "prune decision": r"\.ckpt-prune-[0-9a-f]{16}\.decided",
-            "doctor probe": r"\.ckpt-doctor/[0-9a-f]{16}",
-        }
-        written = set(wire.heads)
-        for kind, pattern in kinds.items():
-            assert any(re.fullmatch(pattern, key) for key in written), f"no {kind} among {sorted(written)}"
-        for key, head in wire.heads.items():
-            assert head.get("ServerSideEncryption") == "aws:kms", key
-            assert head.get("SSEKMSKeyId") == KMS_ARN, key
-            assert head.get("StorageClass") == "STANDARD_IA", key
+        write_every_kind(store, raw_client(secure_server))
+        assert_every_kind_written(wire, sse="aws:kms", key_id=KMS_ARN, storage_class="STANDARD_IA")
 
         assert {"PutObject", "ListObjectsV2", "HeadObject", "GetObject", "DeleteObjects", "DeleteObject"} <= (
             wire.operations()
@@ -192,6 +206,24 @@ class TestEveryWriteCarriesTheSettings:
             assert not {"x-amz-expected-bucket-owner", *_SSE_HEADERS} & set(headers)
 
 
+def every_request_kind(client: Any, bucket: str, owner: str) -> dict[str, Any]:
+    """One request of every kind ckpt sends, each expecting ``owner`` (``exec/1.1.0/checkpoint-1`` exists)."""
+    root = parse_s3_root(f"s3://{bucket}")
+    on = Bucket(root, client, BucketSettings(expected_bucket_owner=owner))
+    saves = S3Saves(client, bucket, "exec/1.1.0/", settings=on.settings)
+    return {
+        "ListObjectsV2": lambda: list(on.pages("", delimiter=True, action="list")),
+        "ListObjectsV2 (one key)": lambda: on.any_object_under("exec/", action="check"),
+        "PutObject": lambda: on.put("exec/1.1.0/.ckpt-epoch", b"1\n", action="write"),
+        "PutObject (exclusive)": lambda: on.create_new("pub/x", action="publish"),
+        "GetObject": lambda: on.get("exec/1.1.0/checkpoint-1/trainer_state.json", action="read", limit=99),
+        "GetObject (ranged)": lambda: saves.head("checkpoint-1/trainer_state.json", 4),
+        "HeadObject": lambda: on.head("exec/1.1.0/checkpoint-1/trainer_state.json", action="check"),
+        "DeleteObjects": lambda: on.delete_keys(["pub/x"], action="remove", location="s3://b/pub/"),
+        "DeleteObject": lambda: on.delete_object("pub/x", action="remove"),
+    }
+
+
 class TestExpectedBucketOwner:
     def test_a_wrong_owner_is_refused_on_every_request_kind_and_named(
         self, secure_server: str, bucket: str
@@ -201,24 +233,9 @@ class TestExpectedBucketOwner:
         looker = raw_client(secure_server)
         put_save(looker, bucket, "exec/1.1.0/checkpoint-1")
         client = make_s3_client(http_settings(secure_server), environ=ENV)
-        root = parse_s3_root(f"s3://{bucket}")
 
         def requests(owner: str) -> dict[str, Any]:
-            on = Bucket(root, client, BucketSettings(expected_bucket_owner=owner))
-            saves = S3Saves(client, bucket, "exec/1.1.0/", settings=on.settings)
-            return {
-                "ListObjectsV2": lambda: list(on.pages("", delimiter=True, action="list")),
-                "ListObjectsV2 (one key)": lambda: on.any_object_under("exec/", action="check"),
-                "PutObject": lambda: on.put("exec/1.1.0/.ckpt-epoch", b"1\n", action="write"),
-                "PutObject (exclusive)": lambda: on.create_new("pub/x", action="publish"),
-                "GetObject": lambda: on.get(
-                    "exec/1.1.0/checkpoint-1/trainer_state.json", action="read", limit=99
-                ),
-                "GetObject (ranged)": lambda: saves.head("checkpoint-1/trainer_state.json", 4),
-                "HeadObject": lambda: on.head("exec/1.1.0/checkpoint-1/trainer_state.json", action="check"),
-                "DeleteObjects": lambda: on.delete_keys(["pub/x"], action="remove", location="s3://b/pub/"),
-                "DeleteObject": lambda: on.delete_object("pub/x", action="remove"),
-            }
+            return every_request_kind(client, bucket, owner)
 
         for kind, request in requests(OTHER_OWNER).items():
             with pytest.raises(StorageError) as caught:
@@ -393,3 +410,126 @@ class TestConfiguration:
         shown = repr(config) + repr(BucketSettings.from_s3_settings(config.s3))
         assert KMS_ARN in shown
         assert SECRET not in shown
+
+
+@pytest.fixture(scope="module")
+def rgw(rgw_server: RgwServer) -> RgwServer:
+    """The session's Ceph RGW 16.2.15 (tests/support/rgw.py: its KMS test backend knows ``KMS_KEY_ID``,
+    its default placement has the class ``STORAGE_CLASS``), with this module's signing key registered."""
+    rgw_server.add_key(ENV["AWS_ACCESS_KEY_ID"], SECRET)
+    return rgw_server
+
+
+@pytest.fixture
+def rgw_bucket(rgw: RgwServer) -> str:
+    name = new_bucket_name()
+    raw_client(rgw.endpoint).create_bucket(Bucket=name)
+    return name
+
+
+RGW_SECURE = {"sse": "aws:kms", "sse_kms_key_id": RGW_KMS_KEY_ID, "storage_class": RGW_STORAGE_CLASS}
+
+
+class TestOnCephRgw:
+    """The same settings through a real gateway, where it behaves otherwise than S3 (ADR 0028 records it):
+    Pacific has SSE-KMS (its testing backend) but no SSE-S3 (``AES256`` is accepted and ignored), only the
+    storage classes its placement defines, and no check of ``x-amz-expected-bucket-owner``."""
+
+    def test_every_object_ckpt_writes_comes_back_encrypted_in_its_class(
+        self, rgw: RgwServer, rgw_bucket: str
+    ) -> None:
+        store, wire = secure_store(rgw.endpoint, rgw_bucket, **RGW_SECURE)
+        write_every_kind(store, raw_client(rgw.endpoint))
+        assert_every_kind_written(wire, sse="aws:kms", key_id=RGW_KMS_KEY_ID, storage_class=RGW_STORAGE_CLASS)
+        for operation, headers in wire.sent:
+            assert "x-amz-expected-bucket-owner" not in headers, operation
+            assert (headers.get("x-amz-server-side-encryption") == "aws:kms") is (operation == "PutObject")
+
+    def test_the_server_ignores_the_expected_owner_and_doctor_says_so(
+        self, rgw: RgwServer, rgw_bucket: str, tmp_path: Path
+    ) -> None:
+        """RGW answers every request kind expecting another owner (S3 refuses each, as the moto tests
+        above show); ``ckpt doctor`` finds that out and fails the write-settings check naming the key."""
+        put_save(raw_client(rgw.endpoint), rgw_bucket, "exec/1.1.0/checkpoint-1")
+        client = make_s3_client(http_settings(rgw.endpoint), environ=ENV)
+        for request in every_request_kind(client, rgw_bucket, OTHER_OWNER).values():
+            request()  # RGW 16.2.15 does not look at x-amz-expected-bucket-owner
+        config = write_config(
+            tmp_path / "ckpt.toml", rgw.endpoint, rgw_bucket, expected_bucket_owner=OTHER_OWNER
+        )
+        result = run(config, "--json", "doctor")
+        assert result.returncode == 1, result.stdout + result.stderr
+        checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+        assert checks["root"]["ok"] is True
+        assert checks["exclusive-create"]["ok"] is True
+        assert checks["write-settings"]["ok"] is False
+        assert checks["write-settings"]["detail"] == (
+            "the server answered a request expecting the owner 000000000000: it does not check [s3] "
+            "expected_bucket_owner, which guards nothing there"
+        )
+        assert KEYS["AWS_SECRET_ACCESS_KEY"] not in result.stdout + result.stderr
+
+    def test_doctor_reports_kms_and_the_class_and_an_ignored_aes256(
+        self, rgw: RgwServer, rgw_bucket: str, tmp_path: Path
+    ) -> None:
+        """With aws:kms, the gateway's key and its class the check passes showing what came back; with
+        ``AES256`` the write succeeds but the object is stored unencrypted (Pacific has no SSE-S3), and
+        the check fails saying so."""
+        config = write_config(tmp_path / "kms.toml", rgw.endpoint, rgw_bucket, **RGW_SECURE)
+        result = run(config, "--json", "doctor")
+        assert result.returncode == 0, result.stdout + result.stderr
+        detail = {c["name"]: c for c in json.loads(result.stdout)["checks"]}["write-settings"]["detail"]
+        assert detail == (
+            f"sse aws:kms, sse_kms_key_id {RGW_KMS_KEY_ID}, storage_class {RGW_STORAGE_CLASS}; the probe "
+            f"object came back with encryption aws:kms with KMS key {RGW_KMS_KEY_ID}, storage class "
+            f"{RGW_STORAGE_CLASS}"
+        )
+        config = write_config(tmp_path / "aes.toml", rgw.endpoint, rgw_bucket, sse="AES256")
+        result = run(config, "--json", "doctor")
+        assert result.returncode == 1, result.stdout + result.stderr
+        check = {c["name"]: c for c in json.loads(result.stdout)["checks"]}["write-settings"]
+        assert check["ok"] is False
+        assert check["detail"] == "the probe object came back with encryption none (asked for AES256)"
+        assert raw_client(rgw.endpoint).list_objects_v2(Bucket=rgw_bucket).get("KeyCount") == 0  # cleaned up
+
+    def test_a_class_or_key_the_gateway_lacks_is_refused_on_the_first_write(
+        self, rgw: RgwServer, rgw_bucket: str
+    ) -> None:
+        """An S3 class the placement does not define is ``400 InvalidArgument``; a KMS key the backend does
+        not hold is ``403 InvalidAccessKeyId`` (RGW's code, not a bad access key): nothing is written."""
+        for settings, says in (
+            ({"storage_class": "STANDARD_IA"}, "(InvalidArgument, HTTP 400)"),
+            ({"sse": "aws:kms", "sse_kms_key_id": "no-such-key"}, "(InvalidAccessKeyId, HTTP 403)"),
+        ):
+            store, _ = secure_store(rgw.endpoint, rgw_bucket, **settings)
+            with pytest.raises(CkptError) as caught:
+                store.write_file(store.exec_dir(ATTEMPT), EPOCH_RECORD, b"1\n")
+            assert says in str(caught.value), settings
+            assert SECRET not in str(caught.value)
+        assert raw_client(rgw.endpoint).list_objects_v2(Bucket=rgw_bucket).get("KeyCount") == 0
+
+    def test_a_policy_refusing_unencrypted_writes_is_enforced_and_named(
+        self, rgw: RgwServer, rgw_bucket: str, tmp_path: Path
+    ) -> None:
+        """RGW evaluates the documented ``Null`` condition on ``s3:x-amz-server-side-encryption``:
+        ``ckpt publish`` without ``sse`` exits 1 with one line naming ``[s3] sse``; with aws:kms it
+        publishes, and the entry is stored encrypted."""
+        looker = raw_client(rgw.endpoint)
+        put_save(looker, rgw_bucket, f"exec/{ATTEMPT}/checkpoint-100")
+        looker.put_bucket_policy(
+            Bucket=rgw_bucket, Policy=json.dumps(DENY_UNENCRYPTED).replace("{bucket}", rgw_bucket)
+        )
+        args = ("publish", "--epoch", "1", "--step", "100", f"exec/{ATTEMPT}/checkpoint-100")
+        refused = run(write_config(tmp_path / "plain.toml", rgw.endpoint, rgw_bucket), *args)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("ckpt: ")]
+        assert len(errors) == 1, refused.stderr
+        assert errors[0].startswith("ckpt: cannot publish ")
+        assert "(AccessDenied, HTTP 403)" in errors[0]
+        assert "the bucket may require server-side encryption: set [s3] sse" in errors[0]
+        assert KEYS["AWS_SECRET_ACCESS_KEY"] not in refused.stderr
+        published = run(write_config(tmp_path / "kms.toml", rgw.endpoint, rgw_bucket, **RGW_SECURE), *args)
+        assert published.returncode == 0, published.stderr
+        (entry,) = [o["Key"] for o in looker.list_objects_v2(Bucket=rgw_bucket, Prefix="pub/")["Contents"]]
+        head = looker.head_object(Bucket=rgw_bucket, Key=entry)
+        assert (head.get("ServerSideEncryption"), head.get("SSEKMSKeyId")) == ("aws:kms", RGW_KMS_KEY_ID)

@@ -50,6 +50,11 @@ ACCESS_KEYS: dict[str, str] = {
     "AKIDVIAPROXY": "sk",
 }
 USER = "ckpt"
+# The KMS key id the gateway knows (its 256-bit key, base64, is in ceph.conf only), and a storage class
+# added to the default placement beside STANDARD (a pool of its own): what the bucket-settings tests ask for.
+KMS_KEY_ID = "ckpt-test-key"
+_KMS_KEY = "Y2twdC10ZXN0LWttcy1rZXktMzItYnl0ZXMtbG9uZyE="
+STORAGE_CLASS = "COLD"
 HOST_NAMES = ("localhost", "unresolvable-s3", "s3-only-via-proxy", "s3.unresolvable.test", "s3.internal.test")
 _START_SECONDS = 90.0
 _COMMAND_SECONDS = 60.0  # radosgw-admin hangs, rather than fails, on a cluster whose PGs never go active
@@ -96,6 +101,11 @@ memstore device bytes = 4294967296
 rgw frontends = beast endpoint=127.0.0.1:{rgw_port}
 rgw data = {d}/rgw
 rgw dns name = localhost
+# SSE-KMS with keys from this file (Pacific's test backend; no SSE-S3 exists in 16.2), over plain HTTP on
+# loopback (RGW refuses encryption headers without TLS otherwise). Harmless to requests without them.
+rgw crypt s3 kms backend = testing
+rgw crypt s3 kms encryption keys = {kms_key_id}={kms_key}
+rgw crypt require ssl = false
 """
 
 
@@ -202,7 +212,11 @@ def start(folder: Path, daemons: list[subprocess.Popen[bytes]]) -> RgwServer:
     conf, keyring = str(folder / "ceph.conf"), str(folder / "keyring")
     mon_port, rgw_port = free_port(), free_port()
     fsid = str(uuid.uuid4())
-    Path(conf).write_text(_CONF.format(fsid=fsid, mon_port=mon_port, rgw_port=rgw_port, d=folder))
+    Path(conf).write_text(
+        _CONF.format(
+            fsid=fsid, mon_port=mon_port, rgw_port=rgw_port, d=folder, kms_key_id=KMS_KEY_ID, kms_key=_KMS_KEY
+        )
+    )
     _run(folder, "ceph-authtool", "--create-keyring", keyring,
          "--gen-key", "-n", "mon.", "--cap", "mon", "allow *")  # fmt: skip
     _run(folder, "ceph-authtool", keyring, "--gen-key", "-n", "client.admin",
@@ -241,6 +255,10 @@ def start(folder: Path, daemons: list[subprocess.Popen[bytes]]) -> RgwServer:
     zonegroup["hostnames"] = list(HOST_NAMES)
     (folder / "zonegroup.json").write_text(json.dumps(zonegroup))
     server.admin("zonegroup", "set", "--infile", str(folder / "zonegroup.json"))
+    placement = ("--placement-id=default-placement", f"--storage-class={STORAGE_CLASS}")
+    server.admin("zonegroup", "placement", "add", "--rgw-zonegroup=default", *placement)
+    pool = f"--data-pool=default.rgw.{STORAGE_CLASS.lower()}.data"
+    server.admin("zone", "placement", "add", "--rgw-zone=default", *placement, pool)
     _daemon(folder, daemons, "client.rgw.a", "radosgw", "-c", conf, "-n", "client.rgw.a")
     root_url = f"{server.endpoint}/"
     _poll(f"radosgw did not answer at {root_url}", folder, daemons, lambda: _answers(root_url))
