@@ -499,7 +499,14 @@ class TestOnCephRgw:
         not hold is ``403 InvalidAccessKeyId`` (RGW's code, not a bad access key): nothing is written."""
         for settings, says in (
             ({"storage_class": "STANDARD_IA"}, "(InvalidArgument, HTTP 400)"),
-            ({"sse": "aws:kms", "sse_kms_key_id": "no-such-key"}, "(InvalidAccessKeyId, HTTP 403)"),
+            (
+                {"sse": "aws:kms", "sse_kms_key_id": "no-such-key"},
+                (
+                    "S3 does not know the access key id, or the server has no KMS key [s3] "
+                    "sse_kms_key_id (no-such-key): Ceph RGW answers so for a key it cannot find "
+                    "(InvalidAccessKeyId, HTTP 403)"
+                ),
+            ),
         ):
             store, _ = secure_store(rgw.endpoint, rgw_bucket, **settings)
             with pytest.raises(CkptError) as caught:

@@ -10,6 +10,7 @@
   ``CopyObject`` and ``CreateMultipartUpload``, so a write of any kind takes them as they are;
 * :meth:`~BucketSettings.denied_hint`: what an ``AccessDenied`` may mean under these settings (a bucket
   owned by another account, a bucket that requires encryption), for the error message;
+* :meth:`~BucketSettings.kms_hint`: what an ``InvalidAccessKeyId`` on a write may mean with a KMS key set;
 * :meth:`~BucketSettings.check_written`: whether a ``HeadObject`` answer shows an object written as asked
   (``ckpt doctor``).
 
@@ -81,6 +82,16 @@ class BucketSettings:
                 '("AES256", or "aws:kms" with sse_kms_key_id)'
             )
         return "; ".join(hints)
+
+    def kms_hint(self, *, write: bool) -> str:
+        """What an ``InvalidAccessKeyId`` on a write may mean with a KMS key set ("" otherwise): Ceph RGW
+        answers so when its KMS backend has no key ``sse_kms_key_id``."""
+        if not write or self.sse_kms_key_id is None:
+            return ""
+        return (
+            "or the server has no KMS key [s3] sse_kms_key_id "
+            f"({self.sse_kms_key_id}): Ceph RGW answers so for a key it cannot find"
+        )
 
     def described(self) -> str:
         """The settings in one line, for ``ckpt doctor``."""

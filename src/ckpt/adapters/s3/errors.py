@@ -128,13 +128,17 @@ def _signing_source(exc: Any) -> str | None:
     return source if isinstance(source, str) and source else None
 
 
-def _translate_client_error(exc: Any, action: str, location: str, bucket: str, hint: str) -> CkptError:
+def _translate_client_error(
+    exc: Any, action: str, location: str, bucket: str, *, hint: str, kms_hint: str
+) -> CkptError:
     code, status = client_error_code(exc)
     kind, why = _CLIENT_CODES.get(code) or _CLIENT_CODES.get(str(status)) or ("storage", "S3 refused it")
     if kind == "storage" and code not in _CLIENT_CODES and status >= 500:
         why = "the storage failed"
     if hint and (code in ACCESS_DENIED_CODES or (not code and status == 403)):
         why = f"{why}: {hint}"
+    if kms_hint and code == "InvalidAccessKeyId":
+        why = f"{why}, {kms_hint}"
     detail = f"{code or 'no error code'}, HTTP {status or '?'}"
     if kind == "missing-bucket":
         return NotFoundError(
@@ -188,19 +192,20 @@ def _translate_botocore_error(exc: Any, errors: Any, action: str, location: str)
 
 
 @contextlib.contextmanager
-def s3_errors(action: str, location: str, bucket: str, hint: str = "") -> Iterator[None]:
+def s3_errors(action: str, location: str, bucket: str, hint: str = "", kms_hint: str = "") -> Iterator[None]:
     """Translate every botocore error raised inside into ours (the module's rule).
 
     ``action`` is a verb phrase ("publish", "list the publication log"), ``location`` the ``s3://`` URL the
     request was about; ``hint`` is what an access denied may mean, added to its message (the bucket
-    settings', ``BucketSettings.denied_hint``). Our own errors (such as a credential chain's
+    settings', ``BucketSettings.denied_hint``), ``kms_hint`` what an unknown access key id may mean on a
+    write (``BucketSettings.kms_hint``). Our own errors (such as a credential chain's
     ``CredentialsError`` raised during a refresh) pass through untouched.
     """
     errors = botocore_errors()
     try:
         yield
     except errors.ClientError as exc:
-        translated = _translate_client_error(exc, action, location, bucket, hint)
+        translated = _translate_client_error(exc, action, location, bucket, hint=hint, kms_hint=kms_hint)
     except errors.BotoCoreError as exc:
         translated = _translate_botocore_error(exc, errors, action, location)
     else:

@@ -94,7 +94,9 @@ class Bucket:
         self, action: str, location: str, *, write: bool = False
     ) -> contextlib.AbstractContextManager[None]:
         """The error boundary for one request about ``location`` (``write``: one that creates an object)."""
-        return s3_errors(action, location, self.root.bucket, self.settings.denied_hint(write=write))
+        settings = self.settings
+        hints = settings.denied_hint(write=write), settings.kms_hint(write=write)
+        return s3_errors(action, location, self.root.bucket, *hints)
 
     def pages(self, prefix: str, *, delimiter: bool, action: str) -> Iterator[dict[str, Any]]:
         """Yield the ``ListObjectsV2`` pages under ``prefix``, 1000 keys each, following continuation."""
