@@ -540,3 +540,33 @@ class TestOnCephRgw:
         (entry,) = [o["Key"] for o in looker.list_objects_v2(Bucket=rgw_bucket, Prefix="pub/")["Contents"]]
         head = looker.head_object(Bucket=rgw_bucket, Key=entry)
         assert (head.get("ServerSideEncryption"), head.get("SSEKMSKeyId")) == ("aws:kms", RGW_KMS_KEY_ID)
+
+    def test_a_string_not_equals_policy_lets_a_write_without_the_header_through_on_rgw(
+        self, rgw: RgwServer, rgw_bucket: str, secure_server: str, bucket: str
+    ) -> None:
+        """``StringNotEquals s3:x-amz-server-side-encryption aws:kms`` alone: S3 (and the moto wrapper)
+        refuse a put without the header, RGW 16.2.15 lets it through (a missing key does not match); both
+        refuse ``AES256`` and take ``aws:kms``. Such a bucket needs the ``Null`` statement too on RGW."""
+        from botocore.exceptions import ClientError
+
+        kms = {"moto": KMS_ARN, "rgw": RGW_KMS_KEY_ID}
+        plain_refused = {"moto": True, "rgw": False}
+        for server, endpoint, name in (("moto", secure_server, bucket), ("rgw", rgw.endpoint, rgw_bucket)):
+            looker = raw_client(endpoint)
+            statement = {**DENY_UNENCRYPTED["Statement"][0]}  # type: ignore[index]
+            statement["Condition"] = {"StringNotEquals": {"s3:x-amz-server-side-encryption": "aws:kms"}}
+            statement["Resource"] = f"arn:aws:s3:::{name}/*"
+            looker.put_bucket_policy(
+                Bucket=name, Policy=json.dumps({**DENY_UNENCRYPTED, "Statement": [statement]})
+            )
+            for extra, refused in (
+                ({}, plain_refused[server]),
+                ({"ServerSideEncryption": "AES256"}, True),
+                ({"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": kms[server]}, False),
+            ):
+                if not refused:
+                    looker.put_object(Bucket=name, Key="k", Body=b"", **extra)
+                    continue
+                with pytest.raises(ClientError) as caught:
+                    looker.put_object(Bucket=name, Key="k", Body=b"", **extra)
+                assert caught.value.response["Error"]["Code"] == "AccessDenied", (server, extra)
