@@ -15,7 +15,9 @@ Checks, each reported with a name, a verdict and one line of detail (never a sec
   exclusive create of the same name, which also proves the root is writable and fsync works.
 * ``write-settings`` (S3): one probe object written as every object is (``[s3]`` ``sse``,
   ``sse_kms_key_id``, ``storage_class``, ``expected_bucket_owner``) comes back, by ``HeadObject``, with
-  the encryption, KMS key and storage class asked for. Its detail shows what came back.
+  the encryption, KMS key and storage class asked for, and with ``expected_bucket_owner`` set, a
+  ``HeadObject`` expecting another owner is refused (else the server ignores the setting). Its detail
+  shows what came back.
 
 Exit 0 when every check passes, 1 otherwise.
 """
