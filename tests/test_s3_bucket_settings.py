@@ -6,6 +6,10 @@ owner that does not own the bucket is ``403 AccessDenied`` on every request; a b
 unencrypted ``PutObject`` is judged on the request's header). Every object ``ckpt`` writes is looked at
 with ``HeadObject`` through a separate plain boto3 client, and every request's headers are recorded on the
 wire (botocore ``before-send``). No request leaves 127.0.0.1.
+
+``TestOnCephRgw`` runs the same proofs through the session's Ceph RGW 16.2.15 (``support.rgw``: the KMS
+test backend with one key, a placement class ``COLD``), stating per server where RGW does otherwise than
+S3 (spec/layout.md §9.4): it ignores ``AES256`` and the expected owner, and ``ckpt doctor`` says so.
 """
 
 from __future__ import annotations
