@@ -313,6 +313,19 @@ class TestDoctorWriteSettings:
         assert BucketSettings(storage_class="STANDARD").check_written({}) == []
 
 
+class TestHints:
+    def test_the_kms_hint_is_given_only_on_a_write_with_a_key_set(self) -> None:
+        """An unknown access key on a read, or on a write without ``sse_kms_key_id``, is only that."""
+        keyed = BucketSettings(sse="aws:kms", sse_kms_key_id="k-1")
+        assert "[s3] sse_kms_key_id (k-1)" in keyed.kms_hint(write=True)
+        assert keyed.kms_hint(write=False) == ""
+        assert BucketSettings(sse="aws:kms").kms_hint(write=True) == ""
+
+    def test_the_owner_doctor_probes_with_is_never_the_expected_one(self) -> None:
+        for owner in ("000000000000", "000000000001", OTHER_OWNER):
+            assert BucketSettings(expected_bucket_owner=owner).other_owner() != owner
+
+
 class TestABucketThatRequiresEncryption:
     def test_an_unencrypted_write_is_refused_with_a_message_naming_the_sse_key(
         self, secure_server: str, bucket: str, caplog: pytest.LogCaptureFixture
