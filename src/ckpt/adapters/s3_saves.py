@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ckpt.adapters.s3.bucket_settings import NO_SETTINGS, BucketSettings
 from ckpt.adapters.s3.errors import (
@@ -33,6 +33,7 @@ from ckpt.adapters.s3.errors import (
 from ckpt.adapters.s3.errors import (
     client_error_code as _client_error_code,
 )
+from ckpt.adapters.s3.listing import ListingPage
 from ckpt.adapters.s3.objects import Bucket, S3Client
 from ckpt.domain.ports import FileInfo
 from ckpt.domain.rules import Item, Kind, Tail
@@ -72,19 +73,19 @@ class S3Saves:
     def _url(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
-    def _pages(self, prefix: str, *, delimiter: bool) -> Iterator[dict[str, Any]]:
+    def _pages(self, prefix: str, *, delimiter: bool) -> Iterator[ListingPage]:
         return self._bucket.pages(prefix, delimiter=delimiter, action="list")
 
     def items(self) -> list[Item]:
         """Folders and files directly inside the location (rule 1)."""
         found: list[Item] = []
         for page in self._pages(self.prefix, delimiter=True):
-            for common in page.get("CommonPrefixes", ()):
-                name = common["Prefix"][len(self.prefix) : -1]
+            for common in page.prefixes:
+                name = common[len(self.prefix) : -1]
                 if name:
                     found.append(Item(name, Kind.FOLDER))
-            for obj in page.get("Contents", ()):
-                name = obj["Key"][len(self.prefix) :]
+            for key in page.keys:
+                name = key[len(self.prefix) :]
                 if name and not name.endswith("/"):
                     found.append(Item(name, Kind.FILE))
         return found
@@ -93,10 +94,10 @@ class S3Saves:
         """Every object under the folder ``path``, recursively, with its size, sorted by path."""
         prefix = f"{self.prefix}{path}/"
         found = [
-            FileInfo(obj["Key"][len(prefix) :], int(obj.get("Size", 0)))
+            FileInfo(key[len(prefix) :], size)
             for page in self._pages(prefix, delimiter=False)
-            for obj in page.get("Contents", ())
-            if not obj["Key"].endswith("/")
+            for key, size in zip(page.keys, page.sizes, strict=True)
+            if not key.endswith("/")
         ]
         return sorted(found, key=lambda f: f.path)
 

@@ -31,6 +31,7 @@ from ckpt.adapters.s3.errors import (
     client_error_code,
     s3_errors,
 )
+from ckpt.adapters.s3.listing import ListingPage, list_page
 from ckpt.domain.errors import StorageError
 from ckpt.domain.s3_root import S3Root
 from ckpt.domain.saves import too_large
@@ -98,19 +99,20 @@ class Bucket:
         hints = settings.denied_hint(write=write), settings.kms_hint(write=write)
         return s3_errors(action, location, self.root.bucket, *hints)
 
-    def pages(self, prefix: str, *, delimiter: bool, action: str) -> Iterator[dict[str, Any]]:
-        """Yield the ``ListObjectsV2`` pages under ``prefix``, 1000 keys each, following continuation."""
-        params = self.params(Prefix=prefix, MaxKeys=PAGE_SIZE)
+    def pages(self, prefix: str, *, delimiter: bool, action: str) -> Iterator[ListingPage]:
+        """Yield the ``ListObjectsV2`` pages under ``prefix``, 1000 keys each, following continuation
+        (each read by :func:`~ckpt.adapters.s3.listing.list_page`)."""
+        params: dict[str, Any] = self.params(Prefix=prefix, MaxKeys=PAGE_SIZE)
         if delimiter:
             params["Delimiter"] = "/"
         location = self.url(prefix)
         while True:
             with self.errors(action, location):
-                page = self.client.list_objects_v2(**params)
+                page = list_page(self.client, params)
             yield page
-            if not page.get("IsTruncated"):
+            if not page.truncated:
                 return
-            token = page.get("NextContinuationToken")
+            token = page.token
             if not token:
                 raise StorageError(
                     f"cannot {action} {location}: the storage truncated the listing without a continuation "
@@ -119,17 +121,17 @@ class Bucket:
                 )
             params["ContinuationToken"] = token
 
-    def objects(self, prefix: str, *, action: str) -> list[dict[str, Any]]:
-        """Return every object (``Key``, ``Size``, ...) under ``prefix``, recursively."""
+    def objects(self, prefix: str, *, action: str) -> list[tuple[str, int]]:
+        """Return every object (its key and size) under ``prefix``, recursively."""
         pages = self.pages(prefix, delimiter=False, action=action)
-        return [obj for page in pages for obj in page.get("Contents", ())]
+        return [obj for page in pages for obj in zip(page.keys, page.sizes, strict=True)]
 
     def any_object_under(self, prefix: str, *, action: str) -> bool:
         """Return True when at least one object's key starts with ``prefix`` (one request)."""
         params = self.params(Prefix=prefix, MaxKeys=1)
         with self.errors(action, self.url(prefix)):
-            page = self.client.list_objects_v2(**params)
-        return bool(page.get("Contents") or page.get("KeyCount"))
+            page = list_page(self.client, params)
+        return bool(page.keys or page.key_count)
 
     def create_exclusive(self, key: str, *, action: str, body: bytes = b"") -> CreateOutcome:
         """Create the object ``key`` (empty, or holding ``body``) with ``If-None-Match: *``; say whether this

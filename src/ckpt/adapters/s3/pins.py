@@ -30,13 +30,13 @@ class S3Pins:
         """Return the names under ``pins/``; ``MalformedError`` for a sub-folder."""
         names: list[str] = []
         for page in self._bucket.pages(self._pins, delimiter=True, action="list the pins"):
-            folders = sorted(p["Prefix"] for p in page.get("CommonPrefixes", ()))
+            folders = sorted(page.prefixes)
             if folders:
                 raise MalformedError(
                     f"malformed pin {self._bucket.url(folders[0])!r} in {PINS_DIR_NAME}/: a folder",
                     value=folders[0][len(self._pins) : -1],
                 )
-            names.extend(obj["Key"][len(self._pins) :] for obj in page.get("Contents", ()))
+            names.extend(key[len(self._pins) :] for key in page.keys)
         return [name for name in names if name]  # "" is the pins/ marker object
 
     def create(self, name: str) -> bool:

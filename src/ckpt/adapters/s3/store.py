@@ -86,13 +86,14 @@ class S3Log:
         """Return the names in ``pub/``; ``MalformedError`` for a sub-folder of ``pub/``."""
         names: list[str] = []
         for page in self._bucket.pages(self._pub, delimiter=True, action="list the publication log"):
-            folders = sorted(p["Prefix"] for p in page.get("CommonPrefixes", ()))
+            folders = sorted(page.prefixes)
             if folders:
                 name = folders[0][len(self._pub) : -1]
                 raise MalformedError(
                     f"malformed entry {self._bucket.url(folders[0])!r} in pub/: a folder", value=name
                 )
-            names.extend(obj["Key"][len(self._pub) :] for obj in page.get("Contents", ()))
+            start = len(self._pub)
+            names.extend([key[start:] for key in page.keys])
         return [name for name in names if name]  # "" is the pub/ marker object (rule 2)
 
     def create(self, name: str) -> bool:
@@ -135,8 +136,8 @@ class S3Tree:
         prefix = self._bucket.key(path + "/" if path else "")
         found: list[str] = []
         for page in self._bucket.pages(prefix, delimiter=True, action="list the folders of"):
-            for common in page.get("CommonPrefixes", ()):
-                name = common["Prefix"][len(prefix) : -1]
+            for common in page.prefixes:
+                name = common[len(prefix) : -1]
                 if name:  # "a//b" has an empty element: no folder a location could name
                     found.append(name)
         return found
@@ -153,9 +154,9 @@ class S3Tree:
         """Return every object under the save with its size, sorted by relative path (markers left out)."""
         prefix = self._bucket.key(save) + "/"
         found = [
-            FileInfo(obj["Key"][len(prefix) :], int(obj.get("Size", 0)))
-            for obj in self._bucket.objects(prefix, action="list the files of")
-            if not obj["Key"].endswith("/")
+            FileInfo(key[len(prefix) :], size)
+            for key, size in self._bucket.objects(prefix, action="list the files of")
+            if not key.endswith("/")
         ]
         return sorted(found, key=lambda info: info.path)
 
@@ -187,7 +188,7 @@ class S3Tree:
         """Every key under each prefix, in order; at most ``_LISTINGS_AT_ONCE`` listings in flight."""
 
         def keys_under(prefix: str) -> list[str]:
-            return [obj["Key"] for obj in self._bucket.objects(prefix, action="list the folder")]
+            return [key for key, _ in self._bucket.objects(prefix, action="list the folder")]
 
         if len(prefixes) <= 1:
             return [keys_under(prefix) for prefix in prefixes]
@@ -218,10 +219,10 @@ class S3Journal:
         """List the journal objects and read each (one gone meanwhile is skipped)."""
         found: list[tuple[str, bytes]] = []
         for page in self._bucket.pages(self._prefix, delimiter=True, action="list the prune journals in"):
-            for obj in page.get("Contents", ()):
-                data = self._bucket.get(obj["Key"], action="read the prune journal", limit=_MAX_JOURNAL_BYTES)
+            for key in page.keys:
+                data = self._bucket.get(key, action="read the prune journal", limit=_MAX_JOURNAL_BYTES)
                 if data is not None:
-                    found.append((self._bucket.url(obj["Key"]), data))
+                    found.append((self._bucket.url(key), data))
         return sorted(found)
 
     def create_decision(self, journal: str, data: bytes) -> bool:
