@@ -95,11 +95,12 @@ def moto_server(scratch: Path, seed: Seed) -> Iterator[str]:
             process.wait()
 
 
-def store_client(endpoint: str) -> Any:
+def store_client(endpoint: str, environ: Mapping[str, str] = FAKE_ENV) -> Any:
     """The client ``ckpt`` builds from a configuration naming ``endpoint`` (path style, one attempt).
 
     One attempt per request, so a failure shows instead of hiding in a retry (a retry would be counted, as
-    every request sent is). Signed with the ``env`` credential source reading fake keys.
+    every request sent is). Signed with the ``env`` credential source reading ``environ`` (moto's fake keys
+    by default; a real server's keys for another server).
     """
     from ckpt.adapters.s3 import make_s3_client
     from ckpt.config import Config, S3Settings
@@ -112,7 +113,7 @@ def store_client(endpoint: str) -> Any:
         read_timeout=120.0,
         max_attempts=1,
     )
-    client = make_s3_client(Config(s3=settings, credentials=({"source": "env"},)), environ=FAKE_ENV)
+    client = make_s3_client(Config(s3=settings, credentials=({"source": "env"},)), environ=environ)
 
     def only_loopback(request: Any, **_: Any) -> None:
         if urlsplit(request.url).hostname != HOST:

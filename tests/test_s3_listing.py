@@ -92,10 +92,15 @@ def listing_body(
 
 
 def assert_as_botocore(body: bytes) -> ListingPage:
-    """The parser reads ``body`` and agrees with botocore; return the page."""
+    """The parser reads ``body`` and agrees with botocore; return the page. A body holding the text
+    ``xmlns`` beyond the root's declaration (in a key) is left to botocore: then the parser gives up."""
     ours = parse_listing_page(body)
+    expected = botocore_page(body)
+    if body.count(b"xmlns") > 1:
+        assert ours is None
+        return expected
     assert ours is not None, "the parser gave up on a page it should read"
-    assert ours == botocore_page(body)
+    assert ours == expected
     return ours
 
 
@@ -198,6 +203,13 @@ class TestGivingUp:
             ),
             ("a CommonPrefixes without a Prefix", listing_body(["k"], extra="<CommonPrefixes/>")),
             ("a foreign namespace", listing_body(["k"], extra='<Key xmlns="urn:other">x</Key>')),
+            ("a prefix bound on the root", listing_body(["k"], namespace=NAMESPACE + '" xmlns:x="urn:x')),
+            (
+                "no namespace but a prefix",
+                listing_body(["k"], namespace=None, extra='<x:Key xmlns:x="u">a</x:Key>'),
+            ),
+            ("a DTD", listing_body(["k"], declaration='<?xml version="1.0"?><!DOCTYPE ListBucketResult []>')),
+            ("a key holding xmlns", listing_body(["pub/xmlns"])),
             ("a size that is no integer", listing_body(["k"], sizes=["many"])),
             ("a KeyCount that is no integer", listing_body(["k"]).replace(b"<KeyCount>1<", b"<KeyCount>x<")),
         ],

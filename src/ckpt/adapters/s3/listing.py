@@ -18,9 +18,9 @@ cost about 0.1-0.2 ms a key, most of a listing's client CPU. Rules:
    ``Size``, each ``CommonPrefixes``' ``Prefix``, ``IsTruncated``, ``NextContinuationToken``, ``KeyCount``
    and ``EncodingType``, with botocore's meanings (an empty element is ``""``, ``IsTruncated`` is true only
    for ``true``, integers by ``int``). It gives up (``None``) on a body not declared UTF-8 (botocore reads
-   every body as UTF-8), malformed XML, a root other than ``ListBucketResult``, an element outside the
-   root's namespace, a repeated field, or a ``Contents`` or ``CommonPrefixes`` element not directly under
-   the root.
+   every body as UTF-8), malformed XML, a root other than ``ListBucketResult``, any namespace declaration
+   but the root's own (or a DTD), a repeated field, or a ``Contents`` or ``CommonPrefixes`` element not
+   directly under the root; a key holding the text ``xmlns`` therefore sends its page to botocore.
 4. Keys and prefixes are percent-decoded as botocore decodes them (``unquote_plus``) when the page says
    ``EncodingType`` ``url``, and only those holding ``%`` or ``+``: entry names never do.
 5. Memory stays at one page: ``Contents`` elements are emptied as the parser passes them.
@@ -135,7 +135,7 @@ def parse_listing_page(body: bytes) -> ListingPage | None:
     keys: list[str] = []
     sizes: list[int] = []
     prefixes: list[str] = []
-    last: ElementTree.Element | None = None
+    element: ElementTree.Element | None = None
     namespace: str | None = None
     contents = common = key_tag = size_tag = prefix_tag = ""
     try:
@@ -146,7 +146,7 @@ def parse_listing_page(body: bytes) -> ListingPage | None:
                 parser.close()  # the last piece: whatever the parser still holds ends here
             for _, element in cast("Iterator[tuple[str, ElementTree.Element]]", parser.read_events()):
                 tag = element.tag
-                if namespace is None:  # the first element to end: a child of the root, or the root
+                if namespace is None:  # the first element to end (checked against the root's below)
                     namespace = tag[: tag.find("}") + 1] if tag.startswith("{") else ""
                     contents, common, key_tag, size_tag, prefix_tag = (
                         namespace + name for name in ("Contents", "CommonPrefixes", "Key", "Size", "Prefix")
@@ -165,15 +165,23 @@ def parse_listing_page(body: bytes) -> ListingPage | None:
                         return None
                     prefixes.append(found[0].text or "")
                     element.clear()
-                elif not (tag.startswith(namespace) if namespace else tag[0] != "{"):
-                    return None  # botocore ignores namespaces: one that differs could change its answer
-                last = element
     except (ElementTree.ParseError, ValueError):
         return None
-    namespace = namespace or ""
-    if last is None or last.tag != namespace + "ListBucketResult":
+    # The last element to end is the root.
+    if element is None or namespace is None or element.tag != namespace + "ListBucketResult":
         return None
-    return _page_of_root(last, namespace, keys, sizes, prefixes)
+    if not _one_namespace(body, namespace):
+        return None
+    return _page_of_root(element, namespace, keys, sizes, prefixes)
+
+
+def _one_namespace(body: bytes, namespace: str) -> bool:
+    """True when every element is in the root's namespace (botocore ignores namespaces; this parser
+    matches whole tags): the root's ``xmlns`` is the only declaration, so no other namespace or prefix can
+    be bound, and there is no DTD (whose entities could declare one unseen)."""
+    if b"<!DOCTYPE" in body or b"<xml:" in body:
+        return False
+    return body.count(b"xmlns") == (1 if namespace else 0)
 
 
 def _page_of_root(

@@ -1,0 +1,231 @@
+"""S3 rows against the request floor: resolve beside its bare ListObjectsV2 requests, publish beside one PUT.
+
+Issue 21 ("reads at the request floor", ADR 0027): a listing should cost what its requests cost, not what
+parsing their answers costs. For each server in :data:`SERVERS` (moto's by default; a server is a
+parameter, so a Ceph RGW or any loopback endpoint can be added with :func:`add_server`), in one run:
+
+* ``S3 resolve vs bare requests``: ``S3Store.resolve()`` over 1k, 10k and 100k entries, interleaved round by
+  round with the *bare requests*: the same signed ``ListObjectsV2`` pages through a client built the same
+  way, whose answers botocore does not parse at all (a ``before-parse`` handler takes the continuation
+  token out of the raw bytes and hands botocore an empty body). That is the requests' own time: signing,
+  the round trip, the server, reading the body. Targets: wall time at most 1.2x the bare requests, at
+  most 20 µs of client CPU a key, and ceil(n/1000) ``ListObjectsV2``.
+* ``S3 entries, client CPU``: ``entries()`` over the same listing (information; target 20 µs a key).
+* ``S3 publish vs one conditional PUT``: ``publish`` of a new entry (``ListObjectsV2`` with ``MaxKeys=1``,
+  then ``PutObject`` with ``If-None-Match: *``), interleaved with one bare ``PutObject`` of a new key with
+  ``If-None-Match: *``; medians. Target: at most 1.1x.
+
+``--only s3-floor``. Entries are put straight into moto's backend before it serves (``moto_seeded``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import unescape
+
+from ckpt.adapters.s3 import S3Store
+from ckpt.domain.names import format_entry_name
+from moto_seeded import FAKE_ENV, RequestCounter, Seed, describe, moto_server, store_client
+from run import Context, Row, benchmark, entry_at, ms, ratio, size_label
+
+LIST_GOAL = 1.2  # resolve's wall time over the bare requests'
+CPU_GOAL_US = 20.0  # client CPU a key
+PUBLISH_GOAL = 1.1  # publish's median over one bare conditional PUT's
+SAVE = "exec/9.4109.0/checkpoint-500"  # the save every publish names (one object under it)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A running S3 server: its name in the rows, its endpoint, the environment its client signs from."""
+
+    name: str
+    endpoint: str
+    environ: Mapping[str, str]
+
+
+ServerFactory = Callable[[Path, Seed], contextlib.AbstractContextManager[Served]]
+
+
+@contextlib.contextmanager
+def _moto(scratch: Path, seed: Seed) -> Iterator[Served]:
+    with moto_server(scratch, seed) as endpoint:
+        yield Served("moto", endpoint, FAKE_ENV)
+
+
+#: The servers every run measures, side by side, in this order.
+SERVERS: dict[str, ServerFactory] = {"moto": _moto}
+
+
+def add_server(name: str, factory: ServerFactory) -> None:
+    """Measure one more server: ``factory(scratch, seed)`` starts it (on 127.0.0.1) holding ``seed``
+    (bucket -> key -> body) and yields :class:`Served`; leaving the context stops it."""
+    SERVERS[name] = factory
+
+
+def _bucket(size: int) -> str:
+    return f"ckpt-floor-{size}"
+
+
+def _sizes(ctx: Context) -> tuple[int, ...]:
+    return tuple(size for size in ctx.sizes if size <= (10_000 if ctx.quick else 100_000)) or (1_000,)
+
+
+def _seed(ctx: Context) -> dict[str, dict[str, bytes]]:
+    seed: dict[str, dict[str, bytes]] = {}
+    for size in _sizes(ctx):
+        objects = {f"pub/{format_entry_name(entry_at(i))}": b"" for i in range(size)}
+        objects[f"{SAVE}/model.safetensors"] = b"weights"
+        seed[_bucket(size)] = objects
+    return seed
+
+
+class BareRequests:
+    """The floor: ``ListObjectsV2`` pages sent through ``client``, their answers never parsed by botocore."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._token: str | None = None
+        client.meta.events.register_first("before-parse.s3.ListObjectsV2", self._raw)
+
+    def _raw(self, response_dict: dict[str, Any], **_: Any) -> None:
+        body = response_dict["body"]
+        self._token = None
+        if response_dict["status_code"] == 200 and b"<IsTruncated>true</IsTruncated>" in body:
+            start = body.find(b"<NextContinuationToken>") + len(b"<NextContinuationToken>")
+            self._token = unescape(body[start : body.find(b"</NextContinuationToken>")].decode())
+        response_dict["body"] = b""  # botocore parses nothing
+
+    def list(self, bucket: str) -> int:
+        """Send the pages resolve sends for ``bucket``; return how many."""
+        params: dict[str, Any] = {"Bucket": bucket, "Prefix": "pub/", "Delimiter": "/", "MaxKeys": 1000}
+        pages = 0
+        while True:
+            self.client.list_objects_v2(**params)
+            pages += 1
+            if self._token is None:
+                return pages
+            params["ContinuationToken"] = self._token
+
+
+def _timed(fn: Callable[[], object], counter: RequestCounter) -> tuple[float, float, Counter[str], object]:
+    """Wall time, this process's CPU time, the requests and the answer of one call."""
+    with counter.window() as sent:
+        wall, cpu = time.perf_counter(), time.process_time()
+        answer = fn()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return wall, cpu, sent, answer
+
+
+def _rounds(ctx: Context, size: int) -> int:
+    if size >= 100_000:
+        return 1
+    if ctx.quick:
+        return 2
+    return 5 if size <= 1_000 else 2
+
+
+def _resolve_rows(ctx: Context, served: Served, size: int) -> list[Row]:
+    client = store_client(served.endpoint, served.environ)
+    counter = RequestCounter(client)
+    bare = BareRequests(store_client(served.endpoint, served.environ))
+    store = S3Store(f"s3://{_bucket(size)}", client)
+    store.resolve(), bare.list(_bucket(size))  # warm: endpoint rules loaded, connection open
+    floor: list[tuple[float, float]] = []
+    resolved: list[tuple[float, float, Counter[str], object]] = []
+    listed: list[tuple[float, float, Counter[str], object]] = []
+    for _ in range(_rounds(ctx, size)):
+        wall, cpu = time.perf_counter(), time.process_time()
+        bare.list(_bucket(size))
+        floor.append((time.perf_counter() - wall, time.process_time() - cpu))
+        resolved.append(_timed(store.resolve, counter))
+        if size <= 10_000:  # at 100k a listing of moto's costs a minute; resolve's row is the one that counts
+            listed.append(_timed(store.entries, counter))
+    pages = math.ceil(size / 1000)
+    best_floor = min(floor)
+    best = min(resolved, key=lambda r: r[0])
+    cpu_us = min(r[1] for r in resolved) / size * 1e6
+    expected = entry_at(size - 1)
+    right = all(r[3] == expected for r in resolved)
+    requests_ok = all(r[2] == Counter({"ListObjectsV2": pages}) for r in resolved)
+    wall_ratio = best[0] / best_floor[0]
+    rows = [
+        Row(
+            f"S3 resolve vs bare requests ({served.name})",
+            size_label(size),
+            f"{ms(best[0])} best of {len(resolved)}, client CPU {ms(min(r[1] for r in resolved))} "
+            f"= {cpu_us:.1f} µs a key; {describe(best[2])}",
+            f"{ms(best_floor[0])} (client CPU {ms(best_floor[1])}): the same {pages} signed pages, unparsed",
+            ratio(best[0], best_floor[0]),
+            f"<= {LIST_GOAL}x, <= {CPU_GOAL_US:g} µs CPU a key, {pages} ListObjectsV2",
+            wall_ratio <= LIST_GOAL and cpu_us <= CPU_GOAL_US and requests_ok and right,
+            "" if right else f"resolve returned {resolved[-1][3]}, expected {expected}",
+        )
+    ]
+    if listed:
+        cpu_us = min(r[1] for r in listed) / size * 1e6
+        rows.append(
+            Row(
+                f"S3 entries, client CPU ({served.name})",
+                size_label(size),
+                f"{ms(min(r[0] for r in listed))} best of {len(listed)}, client CPU "
+                f"{ms(min(r[1] for r in listed))} = {cpu_us:.1f} µs a key; {describe(listed[0][2])}",
+                f"{ms(best_floor[0])} (bare requests)",
+                ratio(min(r[0] for r in listed), best_floor[0]),
+                f"<= {CPU_GOAL_US:g} µs CPU a key",
+                cpu_us <= CPU_GOAL_US and all(len(r[3]) == size for r in listed),  # type: ignore[arg-type]
+            )
+        )
+    return rows
+
+
+def _publish_row(ctx: Context, served: Served, size: int) -> Row:
+    client = store_client(served.endpoint, served.environ)
+    counter = RequestCounter(client)
+    bucket = _bucket(size)
+    store = S3Store(f"s3://{bucket}", client)
+    location = f"{store.root}/{SAVE}"
+    rounds = 3 if ctx.quick else 10
+    bare: list[float] = []
+    published: list[tuple[float, float, Counter[str], object]] = []
+    client.put_object(Bucket=bucket, Key="bench/warm", Body=b"", IfNoneMatch="*")  # warm the connection
+    for n in range(rounds):
+        start = time.perf_counter()
+        client.put_object(Bucket=bucket, Key=f"bench/put-{n}", Body=b"", IfNoneMatch="*")
+        bare.append(time.perf_counter() - start)
+        published.append(_timed(lambda n=n: store.publish(9, 10**9 + n, location), counter))
+    median = statistics.median(r[0] for r in published)
+    floor = statistics.median(bare)
+    most = max(sum(r[2].values()) for r in published)
+    return Row(
+        f"S3 publish vs one conditional PUT ({served.name})",
+        size_label(size),
+        f"{ms(median)} median of {rounds} (client CPU {ms(statistics.median(r[1] for r in published))}); "
+        f"{describe(published[-1][2])} each",
+        f"{ms(floor)} (one PutObject, If-None-Match: *)",
+        ratio(median, floor),
+        f"<= {PUBLISH_GOAL}x, 2 requests",
+        median / floor <= PUBLISH_GOAL and most <= 2,
+    )
+
+
+@benchmark("s3-floor")
+def bench_s3_floor(ctx: Context) -> list[Row]:
+    """resolve against its bare requests, publish against one PUT, on every server in SERVERS."""
+    resolves: list[Row] = []
+    entries: list[Row] = []
+    publishes: list[Row] = []
+    for factory in SERVERS.values():
+        with factory(ctx.scratch, _seed(ctx)) as served:
+            for size in _sizes(ctx):
+                for row in _resolve_rows(ctx, served, size):
+                    (resolves if row.benchmark.startswith("S3 resolve") else entries).append(row)
+            publishes.append(_publish_row(ctx, served, min(_sizes(ctx))))
+    return [*resolves, *entries, *publishes]
