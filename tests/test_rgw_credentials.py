@@ -4,9 +4,11 @@ moto accepts any signature, so these hold only here:
 
 * a wrong secret and an unknown access key fail the real ``ckpt`` command with a ``CredentialsError``
   (exit 1) that names the code and the credential source, with no traceback and no secret in the output;
-* a key rotated on the server (the new key added and written to the ``file`` source's folder, the old one
-  removed with ``radosgw-admin``) is picked up by the client's forced refresh (credentials.md §7.4), without
-  a new client: the publish that meets the rotation completes, once;
+* a key rotated on the server (the new key added and written to the ``file`` source's folder, or to the
+  Vault secret the ``vault`` source reads from the project's fake Vault; the old one removed with
+  ``radosgw-admin``) is picked up by the client's forced refresh (credentials.md §7.4), without a new
+  client: the publish that meets the rotation completes, once; a prune whose key is revoked between two of
+  its requests completes with exactly the outcome of an undisturbed prune;
 * a request signed with a clock 20 minutes behind is reported as clock skew.
 """
 
@@ -26,6 +28,7 @@ import pytest
 from ckpt.adapters.s3 import S3Store, make_s3_client
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import CredentialsError, StorageError
+from support.fake_vault import FakeVault
 from support.rgw import RgwServer
 from support.s3 import http_settings, new_bucket_name, only_loopback, raw_client
 from support.saves import put_save
@@ -154,6 +157,92 @@ class TestRotation:
         )
         with pytest.raises(CredentialsError, match="InvalidAccessKeyId"):
             S3Store(f"s3://{bucket}", stale).entries()
+
+
+    def test_a_key_rotated_in_vault_is_picked_up_without_a_new_client(
+        self, rgw_server: RgwServer, bucket: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The same rotation with the keys in Vault (AppRole login, a KV v2 secret): the refused request
+        makes the chain read the secret's new version, and the publish completes once."""
+        old, new = ("AKIDVAULTOLD", "vault-old-SECRET-3"), ("AKIDVAULTNEW", "vault-new-SECRET-4")
+        rgw_server.add_key(*old)
+        secret_id = "ckpt-secret-id-never-shown"
+        with FakeVault() as vault:
+            vault.allow_approle("ckpt-role", secret_id)
+            vault.put_secret("s3/ckpt", {"access_key_id": old[0], "secret_access_key": old[1]})
+            source = {
+                "source": "vault", "address": vault.url, "allow_insecure_http": True, "path": "s3/ckpt",
+                "auth": {"method": "approle", "role_id": "ckpt-role", "secret_id": secret_id},
+            }  # fmt: skip
+            config = http_settings(rgw_server.endpoint, credentials=(source,))
+            client = only_loopback(make_s3_client(config, {}))
+            store = S3Store(f"s3://{bucket}", client)
+            arrange = raw_client(rgw_server.endpoint)
+            for step in (100, 200):
+                put_save(arrange, bucket, f"exec/a/checkpoint-{step}")
+            first = store.publish(1, 100, f"s3://{bucket}/exec/a/checkpoint-100")
+            reads_before = len(vault.calls("/secret/data/s3/ckpt"))
+
+            rgw_server.add_key(*new)
+            vault.put_secret("s3/ckpt", {"access_key_id": new[0], "secret_access_key": new[1]})
+            rgw_server.remove_key(old[0])
+            with caplog.at_level(logging.WARNING, logger="ckpt"):
+                second = store.publish(1, 200, f"s3://{bucket}/exec/a/checkpoint-200")
+            assert len(vault.calls("/secret/data/s3/ckpt")) == reads_before + 1  # one refresh, one read
+        refreshes = [r.getMessage() for r in caplog.records if "refreshing the credentials" in r.getMessage()]
+        assert len(refreshes) == 1, refreshes
+        for secret in (old[1], new[1], secret_id):
+            assert secret not in caplog.text
+        assert store.entries() == [first, second] == [
+            Entry(1, 100, "exec/a/checkpoint-100"),
+            Entry(1, 200, "exec/a/checkpoint-200"),
+        ]
+
+    def test_a_prune_whose_key_is_revoked_between_its_requests_completes_as_undisturbed(
+        self, rgw_server: RgwServer, bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The key is rotated on the server after the prune's first request and before its second (that
+        request is already signed with the old key, so RGW refuses it): the refresh takes the new key from
+        the file source and the prune goes on; the log, the folders and the journals end as a prune that met
+        no rotation leaves them: the two newest kept, the rest gone, no journal."""
+        old, new = ("AKIDPRUNEOLD", "prune-old-SECRET-5"), ("AKIDPRUNENEW", "prune-new-SECRET-6")
+        rgw_server.add_key(*old)
+        keys = tmp_path / "keys"
+        write_keys(keys, *old)
+        config = http_settings(rgw_server.endpoint, credentials=({"source": "file", "dir": str(keys)},))
+        client = only_loopback(make_s3_client(config, {}))
+        store = S3Store(f"s3://{bucket}", client)
+        arrange = raw_client(rgw_server.endpoint)
+        saves = [f"exec/a/checkpoint-{step}" for step in (100, 200, 300, 400)]
+        for step, save in zip((100, 200, 300, 400), saves, strict=True):
+            put_save(arrange, bucket, save)
+            store.publish(1, step, f"s3://{bucket}/{save}")
+
+        sent: list[str] = []
+
+        def rotate_before_the_second_request(request: Any, **_: Any) -> None:
+            sent.append(f"{request.method} {request.url}")
+            if len(sent) == 2:  # signed with the old key already: the server refuses it once rotated
+                rgw_server.add_key(*new)
+                write_keys(keys, *new)
+                rgw_server.remove_key(old[0])
+
+        client.meta.events.register_last("before-send", rotate_before_the_second_request)
+        with caplog.at_level(logging.WARNING, logger="ckpt"):
+            store.prune(2)
+        client.meta.events.unregister("before-send", rotate_before_the_second_request)
+
+        assert len(sent) > 2, sent  # the rotation happened inside the prune
+        refreshes = [r.getMessage() for r in caplog.records if "refreshing the credentials" in r.getMessage()]
+        assert len(refreshes) == 1, refreshes  # the second request was refused once, then went on
+        assert refreshes[0].startswith("S3 answered InvalidAccessKeyId to ")
+        assert store.entries() == [Entry(1, 300, saves[2]), Entry(1, 400, saves[3])]
+        left = {
+            item["Key"] for item in arrange.list_objects_v2(Bucket=bucket).get("Contents", ())
+        }
+        assert not any(key.startswith((f"{saves[0]}/", f"{saves[1]}/")) for key in left), sorted(left)
+        assert all(any(key.startswith(f"{save}/") for key in left) for save in saves[2:]), sorted(left)
+        assert not any(".ckpt-prune-" in key for key in left), sorted(left)
 
 
 class TestClockSkew:
