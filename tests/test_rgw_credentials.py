@@ -55,6 +55,23 @@ def write_keys(folder: Path, access_key: str, secret_key: str) -> None:
         staged.replace(folder / name)
 
 
+def store_on_file_keys(
+    rgw_server: RgwServer, bucket: str, keys: Path, key: tuple[str, str]
+) -> tuple[S3Store, Any]:
+    """Register ``key`` on the gateway, write it to the ``file`` source's folder ``keys``, and return a store
+    on ``bucket`` and its client, which signs with that source."""
+    rgw_server.add_key(*key)
+    write_keys(keys, *key)
+    config = http_settings(rgw_server.endpoint, credentials=({"source": "file", "dir": str(keys)},))
+    client = only_loopback(make_s3_client(config, {}))
+    return S3Store(f"s3://{bucket}", client), client
+
+
+def refreshes(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The forced credential refreshes ckpt logged."""
+    return [r.getMessage() for r in caplog.records if "refreshing the credentials" in r.getMessage()]
+
+
 def ckpt_command(
     tmp_path: Path, endpoint: str, root: str, source: str, env: dict[str, str], *args: str
 ) -> Any:
@@ -123,12 +140,8 @@ class TestRotation:
         """Old key removed on the server, new key in the secret folder: the next publish refreshes and
         completes, exactly once; the old key is refused from then on."""
         old, new = ("AKIDROTATEOLD", "rotate-old-SECRET-1"), ("AKIDROTATENEW", "rotate-new-SECRET-2")
-        rgw_server.add_key(*old)
         keys = tmp_path / "keys"
-        write_keys(keys, *old)
-        config = http_settings(rgw_server.endpoint, credentials=({"source": "file", "dir": str(keys)},))
-        client = only_loopback(make_s3_client(config, {}))
-        store = S3Store(f"s3://{bucket}", client)
+        store, _client = store_on_file_keys(rgw_server, bucket, keys, old)
         arrange = raw_client(rgw_server.endpoint)
         for step in (100, 200):
             put_save(arrange, bucket, f"exec/a/checkpoint-{step}")
@@ -139,9 +152,9 @@ class TestRotation:
         rgw_server.remove_key(old[0])
         with caplog.at_level(logging.WARNING, logger="ckpt"):
             second = store.publish(1, 200, f"s3://{bucket}/exec/a/checkpoint-200")  # the same client
-        refreshes = [r.getMessage() for r in caplog.records if "refreshing the credentials" in r.getMessage()]
-        assert len(refreshes) == 1, refreshes  # the first request the old key signed; one refresh, one retry
-        assert refreshes[0].startswith("S3 answered InvalidAccessKeyId to ")
+        logged = refreshes(caplog)
+        assert len(logged) == 1, logged  # the first request the old key signed; one refresh, one retry
+        assert logged[0].startswith("S3 answered InvalidAccessKeyId to ")
         assert new[1] not in caplog.text
         assert old[1] not in caplog.text
 
@@ -189,8 +202,7 @@ class TestRotation:
             with caplog.at_level(logging.WARNING, logger="ckpt"):
                 second = store.publish(1, 200, f"s3://{bucket}/exec/a/checkpoint-200")
             assert len(vault.calls("/secret/data/s3/ckpt")) == reads_before + 1  # one refresh, one read
-        refreshes = [r.getMessage() for r in caplog.records if "refreshing the credentials" in r.getMessage()]
-        assert len(refreshes) == 1, refreshes
+        assert len(refreshes(caplog)) == 1, refreshes(caplog)
         for secret in (old[1], new[1], secret_id):
             assert secret not in caplog.text
         assert store.entries() == [first, second] == [
@@ -206,12 +218,8 @@ class TestRotation:
         the file source and the prune goes on; the log, the folders and the journals end as a prune that met
         no rotation leaves them: the two newest kept, the rest gone, no journal."""
         old, new = ("AKIDPRUNEOLD", "prune-old-SECRET-5"), ("AKIDPRUNENEW", "prune-new-SECRET-6")
-        rgw_server.add_key(*old)
         keys = tmp_path / "keys"
-        write_keys(keys, *old)
-        config = http_settings(rgw_server.endpoint, credentials=({"source": "file", "dir": str(keys)},))
-        client = only_loopback(make_s3_client(config, {}))
-        store = S3Store(f"s3://{bucket}", client)
+        store, client = store_on_file_keys(rgw_server, bucket, keys, old)
         arrange = raw_client(rgw_server.endpoint)
         saves = [f"exec/a/checkpoint-{step}" for step in (100, 200, 300, 400)]
         for step, save in zip((100, 200, 300, 400), saves, strict=True):
@@ -227,15 +235,16 @@ class TestRotation:
                 write_keys(keys, *new)
                 rgw_server.remove_key(old[0])
 
-        client.meta.events.register_last("before-send", rotate_before_the_second_request)
+        events = client.meta.events
+        events.register_last("before-send", rotate_before_the_second_request)
         with caplog.at_level(logging.WARNING, logger="ckpt"):
             store.prune(2)
-        client.meta.events.unregister("before-send", rotate_before_the_second_request)
+        events.unregister("before-send", rotate_before_the_second_request)
 
         assert len(sent) > 2, sent  # the rotation happened inside the prune
-        refreshes = [r.getMessage() for r in caplog.records if "refreshing the credentials" in r.getMessage()]
-        assert len(refreshes) == 1, refreshes  # the second request was refused once, then went on
-        assert refreshes[0].startswith("S3 answered InvalidAccessKeyId to ")
+        logged = refreshes(caplog)
+        assert len(logged) == 1, logged  # the second request was refused once, then went on
+        assert logged[0].startswith("S3 answered InvalidAccessKeyId to ")
         assert store.entries() == [Entry(1, 300, saves[2]), Entry(1, 400, saves[3])]
         left = {
             item["Key"] for item in arrange.list_objects_v2(Bucket=bucket).get("Contents", ())

@@ -76,6 +76,55 @@ def _entries_have_folders(root: Path) -> list[str]:
     return [e.save for e in store.entries() if not (root / e.save / "trainer_state.json").is_file()]
 
 
+def _stop(
+    stop: threading.Event,
+    trainers: list[_Trainer],
+    watchers: list[subprocess.Popen[bytes]],
+    logs: list[Path],
+    *,
+    settle: float,
+    timeout: float,
+) -> None:
+    """Stop the trainers, let their last saves settle and be published, then SIGTERM every watcher, which
+    must exit 0."""
+    stop.set()
+    for trainer in trainers:
+        trainer.join(timeout=timeout)
+        assert trainer.error is None, trainer.error
+    time.sleep(settle)
+    for watcher in watchers:
+        watcher.send_signal(signal.SIGTERM)
+    for watcher, log in zip(watchers, logs, strict=True):
+        assert watcher.wait(timeout=timeout) == 0, log.read_text()[-2000:]
+
+
+def _kill_left(stop: threading.Event, watchers: list[subprocess.Popen[bytes]]) -> None:
+    stop.set()
+    for watcher in watchers:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+
+
+def _published(logs: list[Path]) -> list[str]:
+    """Every location the watchers' JSON logs say they published, sorted."""
+    return sorted(
+        record["location"]
+        for log in logs
+        for record in map(json.loads, log.read_text().splitlines())
+        if record.get("message") == "published"
+    )
+
+
+def _newest_completed(trainers: list[_Trainer]) -> Entry:
+    """The greatest entry among the saves the trainers completed (epoch, then step)."""
+    return max(
+        Entry(epoch, int(name.removeprefix("checkpoint-")), f"exec/{attempt}/{name}")
+        for (attempt, epoch), trainer in zip(EXECUTIONS, trainers, strict=True)
+        for name in trainer.completed
+    )
+
+
 @pytest.mark.slow
 class TestSustainedRun:
     def test_four_watchers_two_epochs_and_a_pruner(self, tmp_path: Path) -> None:
@@ -115,43 +164,22 @@ class TestSustainedRun:
                 assert result.returncode == 0, result.stderr
                 prunes += 1
                 stranded += _entries_have_folders(root)
-            stop.set()
-            for trainer in trainers:
-                trainer.join(timeout=30)
-                assert trainer.error is None, trainer.error
-            time.sleep(1.5)  # the last saves settle (0.3 s) and are published on the next scans
-            for watcher in watchers:
-                watcher.send_signal(signal.SIGTERM)
-            for watcher, log in zip(watchers, logs, strict=True):
-                assert watcher.wait(timeout=30) == 0, log.read_text()[-2000:]
+            # The last saves settle (0.3 s) and are published on the next scans.
+            _stop(stop, trainers, watchers, logs, settle=1.5, timeout=30)
         finally:
-            stop.set()
-            for watcher in watchers:
-                if watcher.poll() is None:
-                    watcher.kill()
-                    watcher.wait()
+            _kill_left(stop, watchers)
 
         assert stranded == [], "an entry's folder was removed while the entry remained"
         assert prunes >= 5, "the pruner must have run throughout"
-        published: list[str] = []
-        for log in logs:
-            for line in log.read_text().splitlines():
-                record = json.loads(line)
-                if record.get("message") == "published":
-                    published.append(record["location"])
         completed = [
             str(root / "exec" / attempt / name)
             for (attempt, _), trainer in zip(EXECUTIONS, trainers, strict=True)
             for name in trainer.completed
         ]
         assert len(completed) > 40
-        assert sorted(published) == sorted(completed), "every complete save exactly once, nothing else"
+        assert _published(logs) == sorted(completed), "every complete save exactly once, nothing else"
 
-        newest = max(
-            Entry(epoch, int(name.removeprefix("checkpoint-")), f"exec/{attempt}/{name}")
-            for (attempt, epoch), trainer in zip(EXECUTIONS, trainers, strict=True)
-            for name in trainer.completed
-        )
+        newest = _newest_completed(trainers)
         store = PosixStore(str(root))
         assert store.resolve() == newest
         assert newest.epoch == 2_000
@@ -228,42 +256,21 @@ class TestSustainedRunOnS3:
                 assert result.returncode == 0, result.stderr
                 prunes += 1
                 stranded += _stranded_in_bucket(store, client, bucket)
-            stop.set()
-            for trainer in trainers:
-                trainer.join(timeout=60)
-                assert trainer.error is None, trainer.error
-            time.sleep(3.0)  # the last saves settle (0.5 s) and are published on the next scans
-            for watcher in watchers:
-                watcher.send_signal(signal.SIGTERM)
-            for watcher, log in zip(watchers, logs, strict=True):
-                assert watcher.wait(timeout=60) == 0, log.read_text()[-2000:]
+            # The last saves settle (0.5 s) and are published on the next scans.
+            _stop(stop, trainers, watchers, logs, settle=3.0, timeout=60)
         finally:
-            stop.set()
-            for watcher in watchers:
-                if watcher.poll() is None:
-                    watcher.kill()
-                    watcher.wait()
+            _kill_left(stop, watchers)
 
         assert stranded == [], "an entry's save was removed while the entry remained"
         assert prunes >= 3, "the pruner must have run throughout"
-        published: list[str] = []
-        for log in logs:
-            for line in log.read_text().splitlines():
-                record = json.loads(line)
-                if record.get("message") == "published":
-                    published.append(record["location"])
         completed = [
             f"{root}/exec/{attempt}/{name}"
             for (attempt, _), trainer in zip(EXECUTIONS, trainers, strict=True)
             for name in trainer.completed
         ]
         assert len(completed) > 20
-        assert sorted(published) == sorted(completed), "every complete save exactly once, nothing else"
-        newest = max(
-            Entry(epoch, int(name.removeprefix("checkpoint-")), f"exec/{attempt}/{name}")
-            for (attempt, epoch), trainer in zip(EXECUTIONS, trainers, strict=True)
-            for name in trainer.completed
-        )
+        assert _published(logs) == sorted(completed), "every complete save exactly once, nothing else"
+        newest = _newest_completed(trainers)
         assert store.resolve() == newest
         assert newest.epoch == 2_000
         assert _stranded_in_bucket(store, client, bucket) == []
