@@ -6,12 +6,12 @@ seconds. After every prune, every remaining entry's folder must exist; at the en
 published exactly once, ``resolve`` returns the newest save of the newest epoch, and every remaining entry's
 folder exists with its files.
 
-The run lasts ``CKPT_SUSTAINED_SECONDS`` seconds (default 180, "several minutes"; set it lower for a quick
+The run lasts ``CKPT_SUSTAINED_SECONDS`` seconds (default 120, "minutes"; set it lower for a quick
 local run).
 
 The same run on S3, against Ceph RGW (a real server: atomic exclusive create, signatures checked), writes the
 saves object by object into one bucket, with the sidecars and the pruner on ``s3://BUCKET`` (from a config
-file, keys from the ``env`` source). It lasts ``CKPT_SUSTAINED_S3_SECONDS`` (default 60): each of its
+file, keys from the ``env`` source). It lasts ``CKPT_SUSTAINED_S3_SECONDS`` (default 40): each of its
 requests goes over HTTP, so a minute already holds thousands of them. It runs on RGW only: what it proves
 is about the server under sustained concurrent load, which moto's server, with its lock around every
 conditional put, would not show.
@@ -39,8 +39,8 @@ from support.s3 import new_bucket_name, raw_client
 from support.trainer import BucketSink, FolderSink, SaveSpec, Trainer
 from support.trainer.sinks import Sink
 
-DURATION = float(os.environ.get("CKPT_SUSTAINED_SECONDS", "180"))
-S3_DURATION = float(os.environ.get("CKPT_SUSTAINED_S3_SECONDS", "60"))
+DURATION = float(os.environ.get("CKPT_SUSTAINED_SECONDS", "120"))
+S3_DURATION = float(os.environ.get("CKPT_SUSTAINED_S3_SECONDS", "40"))
 EXECUTIONS = [("1.100.0", 1_000), ("1.100.1", 1_000), ("2.200.0", 2_000), ("2.200.1", 2_000)]
 KINDS = ("plain", "sentinel", "late_rank", "staged")
 
