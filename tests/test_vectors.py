@@ -80,6 +80,8 @@ VECTOR_FILES = (
     "catch_up",
     "leftover",
     "cli_exit_codes",
+    "manifest",
+    "manifest_verify",
 )
 CASE_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
@@ -200,7 +202,7 @@ class TestVectorFiles:
         "stem",
         [
             *("names", "numbers", "saves", "attempts", "prune", "journal", "decision", "s3_roots"),
-            *("world_size_record", "epoch_record"),
+            *("world_size_record", "epoch_record", "manifest"),
         ],
     )
     def test_invalid_cases_carry_a_reason_and_a_note(self, stem: str) -> None:
