@@ -44,7 +44,14 @@ from ckpt.domain.ports import FileInfo, KnowsRemovals, SaveReader, Store, WatchS
 from ckpt.domain.removing import NEVER_REMOVING, Removing, being_removed_reason
 from ckpt.domain.rules import Item, Kind, Rule
 
-__all__ = ["MISSING_FOLDER", "Verified", "read_markers", "read_rank_states", "resolve_verified"]
+__all__ = [
+    "MISSING_FOLDER",
+    "Verified",
+    "read_markers",
+    "read_rank_states",
+    "resolve_verified",
+    "why_incomplete",
+]
 
 MISSING_FOLDER = "save folder is missing"
 
@@ -144,6 +151,11 @@ def _why_not(store: WatchStore, rule: Rule, entry: Entry) -> str | None:
             if again:
                 return judge(rule, again[0], (), reader)
     return reason
+
+
+def why_incomplete(store: WatchStore, rule: Rule, entry: Entry) -> str | None:
+    """Why ``entry``'s save is not complete under ``rule`` (spec/watcher.md §6.3 reasons), or ``None``."""
+    return _why_not(store, rule, entry)
 
 
 def resolve_verified(

@@ -312,7 +312,7 @@ def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
 
 # Command modules with their own ``register(subparsers)`` and ``run(ctx)``; they import their heavy
 # dependencies inside ``run``.
-_EXTRA_COMMANDS: tuple[str, ...] = ("doctor", "follow", "watch", "resume")
+_EXTRA_COMMANDS: tuple[str, ...] = ("doctor", "follow", "watch", "resume", "replicate")
 
 
 def main(

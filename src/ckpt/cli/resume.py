@@ -22,6 +22,11 @@ Rules:
    "passed": [{"attempt": str, "reason": str}], "skipped": [{"entry": entry, "reason": str}]}``.
 5. Errors (storage, credentials, a malformed log) end it with the CLI's usual one line and exit code: a job
    must not silently start from scratch because the store could not be read.
+6. ``--durable DURABLE`` (spec/tiered.md §6): after all of the above on the fast root, the newest durable
+   entry greater than the fast one that is complete under the rule and verifies against its manifest is
+   restored into the fast root and published there; its fast location is the output. Each durable entry
+   passed over is a ``ckpt: skipped <durable location>: <reason>`` line. A missing fast root is created.
+   ``--json`` adds ``"restored": entry | null`` (at its durable location) and ``"durable_skipped"``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from ckpt.domain.ports import WatchStore
 
 if TYPE_CHECKING:
     from ckpt.config import Config
+    from ckpt.domain.entries import Entry
 
 __all__ = ["register"]
 
@@ -50,6 +56,8 @@ class _Context(Protocol):
     stderr: IO[str]
 
     def store(self) -> WatchStore: ...
+
+    def root(self) -> str: ...
 
     def config(self) -> Config: ...
 
@@ -91,6 +99,12 @@ def register(commands: Any) -> None:
         "looks into the same sub-folder of every execution",
     )
     p.add_argument("--no-catch-up", action="store_true", help="only resolve (verified); publish nothing")
+    p.add_argument(
+        "--durable",
+        metavar="DURABLE",
+        help="a durable root (s3:// or a path) replicated from this one: restore its newest verified save "
+        "when it is newer than this root's",
+    )
     p.set_defaults(handler=_handle)
 
 
@@ -137,6 +151,10 @@ def _handle(ctx: _Context) -> int:
     attempt = validate_attempt(_required(args, ctx.environ, "attempt", "DISPATCH_ATTEMPT"))
     settle = _seconds(args.settle, "--settle", allow_zero=True)
     timeout = _seconds(args.scan_timeout, "--scan-timeout", allow_zero=False)
+    if args.durable is not None and ctx.root().startswith("/"):
+        from ckpt.adapters.posix.tiered import make_dirs
+
+        make_dirs(ctx.root())  # rule 6: the node lost its disk (spec/tiered.md §6.5)
     store = ctx.store()
     sub_folder = "" if args.saves is None else _sub_folder(store, args.saves, attempt)
     resumed = resume(
@@ -152,21 +170,46 @@ def _handle(ctx: _Context) -> int:
     caught = resumed.caught_up  # each caught-up save and each folder passed over was logged (stderr)
     for entry, reason in resumed.skipped:
         ctx.warn(f"skipped {store.location(entry)}: {reason}")
+    location, newest = resumed.location, resumed.entry
+    restored: Entry | None = None
+    durable_skipped: tuple[tuple[Entry, str], ...] = ()
+    durable: WatchStore | None = None
+    if args.durable is not None:  # rule 6
+        from ckpt.application.replication import restore_newer
+        from ckpt.cli.replicate import open_tier
+
+        fast, fast_files, durable, durable_files = open_tier(ctx, args.durable)
+        outcome = restore_newer(fast, fast_files, durable, durable_files, rule, than=resumed.entry)
+        durable_skipped = outcome.skipped
+        for entry, reason in durable_skipped:
+            ctx.warn(f"skipped {durable.location(entry)}: {reason}")
+        if outcome.entry is not None:
+            location, newest, restored = outcome.location, outcome.entry, outcome.entry
     if args.json:
         from ckpt.cli.output import entry_document, print_json
 
         print_json(
             {
-                "location": resumed.location,
-                "entry": None if resumed.entry is None else entry_document(store, resumed.entry),
+                "location": location,
+                "entry": None if newest is None else entry_document(store, newest),
                 "caught_up": [] if caught is None else [entry_document(store, e) for e in caught.published],
                 "passed": []
                 if caught is None
                 else [{"attempt": p.attempt, "reason": p.reason} for p in caught.passed],
                 "skipped": [{"entry": entry_document(store, e), "reason": r} for e, r in resumed.skipped],
+                **(
+                    {}
+                    if durable is None
+                    else {
+                        "restored": None if restored is None else entry_document(durable, restored),
+                        "durable_skipped": [
+                            {"entry": entry_document(durable, e), "reason": r} for e, r in durable_skipped
+                        ],
+                    }
+                ),
             },
             ctx.stdout,
         )
-    elif resumed.location is not None:
-        ctx.say(resumed.location)
+    elif location is not None:
+        ctx.say(location)
     return 0

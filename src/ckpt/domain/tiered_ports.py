@@ -46,9 +46,10 @@ class FastFiles(Protocol):
         """The absolute path of a file of the save, for a transfer to read."""
         ...
 
-    def install(self, save: str, path: str, write: Callable[[str], None]) -> str:
-        """Create the file durably: ``write(temp)`` fills a temporary path beside it, which is then fsynced
-        and renamed into place, its folder fsynced. Returns the file's SHA-256, read back from the temp."""
+    def install(self, save: str, path: str, write: Callable[[str], None], sha256: str) -> str | None:
+        """Create the file durably from ``write(temp)``, which fills a temporary path beside it: the temp is
+        fsynced, read back and hashed and, when its SHA-256 is ``sha256``, renamed into place and its folder
+        fsynced (``None``). Otherwise the temp is removed and the reason returned (spec/tiered.md §4.3)."""
         ...
 
     def write_small(self, save: str, path: str, data: bytes) -> None:
@@ -73,8 +74,8 @@ class DurableFiles(Protocol):
         """Write the stored file's bytes into ``local_path`` (created or truncated)."""
         ...
 
-    def listing(self, save: str) -> list[Listed]:
-        """Every file of the save, sizes and the SHA-256 recorded with each where there is one."""
+    def listing(self, save: str) -> list[Listed] | None:
+        """Every file of the save, sizes (and a SHA-256 where the listing has one); ``None``: no save."""
         ...
 
     def read_small(self, save: str, path: str) -> bytes | None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from ckpt.adapters.concurrent_probe import DEFAULT_WRITERS, run_at_once
 from ckpt.adapters.s3.bucket_settings import NO_SETTINGS, BucketSettings
@@ -54,6 +55,9 @@ from ckpt.domain.prune import SKIP_ALREADY_GONE
 from ckpt.domain.s3_root import parse_s3_root
 from ckpt.domain.saves import SaveKind
 from ckpt.domain.saves_reader import TreeReader
+
+if TYPE_CHECKING:
+    from ckpt.adapters.s3.durable import S3DurableFiles
 
 __all__ = ["ExclusiveCreateProbe", "S3Journal", "S3Log", "S3Store", "S3Tree"]
 
@@ -294,6 +298,12 @@ class S3Store(CheckpointStore):
         at_root = location.rstrip("/") == self.root.rstrip("/")
         prefix = self.prefix if at_root else f"{self.prefix}{self.save_of(location)}/"
         return S3Saves(self._bucket.client, self.bucket, prefix, settings=self.settings)
+
+    def durable_files(self, *, concurrency: int = 8) -> S3DurableFiles:
+        """This root as the durable root of the tiered mode (``ckpt.adapters.s3.durable``)."""
+        from ckpt.adapters.s3.durable import S3DurableFiles
+
+        return S3DurableFiles(self._bucket, concurrency=concurrency)
 
     def write_file(self, location: str, name: str, data: bytes) -> None:
         """The ``WritesSmallFiles`` capability: one ``PutObject`` of ``<save>/<name>`` (rule 6)."""

@@ -1,0 +1,170 @@
+"""A POSIX root's files for the tiered mode: the fast root always, the durable root when it is a path.
+
+Rules (docs/spec/tiered.md §4.2-§4.3):
+
+1. A file is created under a temporary name beside its final one (``.<name>.ckpt-tmp-<16 hex>``), fsynced,
+   read back and hashed, and only when that SHA-256 is the expected one renamed into place, its folder then
+   fsynced; folders created on the way are fsynced in their parents. A temporary file that does not verify
+   is removed.
+2. Listings are of regular files (``lstat``: no link is followed), sorted by path; temporary files are no
+   part of a save and are left out. A missing save lists as ``None`` (fast) or nothing (durable).
+3. The SHA-256 a POSIX durable root records for a file is the one read back from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import stat
+from collections.abc import Callable
+
+from ckpt.domain.errors import StorageError
+from ckpt.domain.manifest import Listed
+from ckpt.domain.tiered_ports import Stored
+
+__all__ = ["PosixTierFiles", "make_dirs", "sha256_of"]
+
+_CHUNK = 8 << 20
+_TEMP = re.compile(r"\..+\.ckpt-tmp-[0-9a-f]{16}")
+
+
+def sha256_of(path: str) -> str:
+    """The SHA-256 of the file at ``path``, read in 8 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(path: str) -> None:
+    """Create ``path`` and its missing parents, each fsynced in its parent (rule 1)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+        _fsync_dir(os.path.dirname(folder))
+
+
+class PosixTierFiles:
+    """The ``FastFiles`` and ``DurableFiles`` ports over one POSIX root (an absolute path)."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") or "/"
+
+    def _path(self, save: str, path: str = "") -> str:
+        return os.path.join(self.root, save, path) if path else os.path.join(self.root, save)
+
+    # -- both ports ---------------------------------------------------------------------------------------
+
+    def _walk(self, save: str) -> list[Listed] | None:
+        top = self._path(save)
+        try:
+            if not stat.S_ISDIR(os.lstat(top).st_mode):
+                return None
+        except FileNotFoundError:
+            return None
+        found: list[Listed] = []
+        for folder, dirs, names in os.walk(top):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+            for name in names:
+                full = os.path.join(folder, name)
+                info = os.lstat(full)
+                if stat.S_ISREG(info.st_mode) and not _TEMP.fullmatch(name):
+                    found.append(Listed(os.path.relpath(full, top).replace(os.sep, "/"), info.st_size))
+        return sorted(found, key=lambda item: item.path)
+
+    def install(self, save: str, path: str, write: Callable[[str], None], sha256: str) -> str | None:
+        """Rule 1: write a temporary file, verify its read-back digest, rename it into place."""
+        final = self._path(save, path)
+        folder, name = os.path.split(final)
+        make_dirs(folder)
+        temp = os.path.join(folder, f".{name}.ckpt-tmp-{os.urandom(8).hex()}")
+        try:
+            write(temp)
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            got = sha256_of(temp)
+            if got != sha256:
+                os.unlink(temp)
+                return f"file {path!r} has sha256 {got}, the manifest says {sha256}"
+            os.replace(temp, final)
+        except BaseException:
+            if os.path.lexists(temp):
+                os.unlink(temp)
+            raise
+        _fsync_dir(folder)
+        return None
+
+    def write_small(self, save: str, path: str, data: bytes) -> None:
+        def fill(temp: str) -> None:
+            with open(temp, "wb") as f:
+                f.write(data)
+
+        self.install(save, path, fill, hashlib.sha256(data).hexdigest())
+
+    # -- FastFiles ----------------------------------------------------------------------------------------
+
+    def listing(self, save: str) -> list[Listed] | None:
+        """Rule 2 (both ports): ``None`` when the save is not there."""
+        return self._walk(save)
+
+    def digest(self, save: str, path: str) -> Listed:
+        full = self._path(save, path)
+        return Listed(path, os.lstat(full).st_size, sha256_of(full))
+
+    def local_path(self, save: str, path: str) -> str:
+        return self._path(save, path)
+
+    # -- DurableFiles -------------------------------------------------------------------------------------
+
+    def stored(self, save: str, path: str) -> Stored | None:
+        full = self._path(save, path)
+        try:
+            info = os.lstat(full)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        return Stored(info.st_size, sha256_of(full))  # rule 3
+
+    def put(self, local_path: str, save: str, path: str, sha256: str, size: int) -> None:
+        def copy(temp: str) -> None:
+            shutil.copyfile(local_path, temp)
+
+        problem = self.install(save, path, copy, sha256)
+        if problem is not None:
+            raise StorageError(f"cannot copy {local_path!r} to {self._path(save, path)!r}: {problem}")
+        if os.lstat(self._path(save, path)).st_size != size:  # the digest already says so; belt and braces
+            raise StorageError(f"cannot copy {local_path!r}: the copy has not {size} bytes")
+
+    def fetch(self, save: str, path: str, local_path: str) -> None:
+        shutil.copyfile(self._path(save, path), local_path)
+
+    def read_small(self, save: str, path: str) -> bytes | None:
+        try:
+            with open(self._path(save, path), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None

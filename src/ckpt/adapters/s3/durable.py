@@ -1,0 +1,117 @@
+"""An S3 root as the durable root of the tiered mode (docs/spec/tiered.md §4.1).
+
+Rules:
+
+1. A file is uploaded with boto3's managed transfer (``S3Transfer.upload_file`` with a ``TransferConfig``:
+   multipart above the threshold, parts in parallel; no part scheduler here), asking for the additional
+   checksum :data:`CHECKSUM_ALGORITHM` so that S3 checks every part as it arrives, and carrying the file's
+   SHA-256 as the metadata ``ckpt-sha256``. ``CRC32`` is what botocore computes without ``awscrt``.
+2. The upload is verified with one ``HeadObject``: its ``ContentLength`` and ``ckpt-sha256`` must be the
+   fast file's, else ``StorageError``.
+3. ``stored`` is one ``HeadObject``; ``listing`` one recursive ``ListObjectsV2`` (sizes only); ``fetch`` the
+   managed download; small files (the manifest) one ``PutObject`` or ``GetObject``.
+4. Every failure is a ``ckpt`` error (``s3_errors``); a failed managed upload, which boto3 reports in its
+   own exception, is a ``StorageError`` naming the object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckpt.adapters.s3.errors import MISSING_OBJECT_CODES, botocore_errors, client_error_code
+from ckpt.adapters.s3.objects import Bucket
+from ckpt.domain.errors import StorageError
+from ckpt.domain.manifest import MAX_MANIFEST_BYTES, Listed
+from ckpt.domain.tiered_ports import Stored
+
+__all__ = ["CHECKSUM_ALGORITHM", "DIGEST_METADATA", "S3DurableFiles"]
+
+CHECKSUM_ALGORITHM = "CRC32"
+DIGEST_METADATA = "ckpt-sha256"
+_MiB = 1 << 20
+
+
+class S3DurableFiles:
+    """The ``DurableFiles`` port over one S3 root (rules 1-4)."""
+
+    __slots__ = ("_bucket", "_concurrency", "_part_size", "_transfer")
+
+    def __init__(self, bucket: Bucket, *, concurrency: int = 8, part_size: int = 8 * _MiB) -> None:
+        self._bucket = bucket
+        self._concurrency = concurrency
+        self._transfer: Any = None
+        self._part_size = part_size
+
+    def _s3transfer(self) -> Any:
+        if self._transfer is None:
+            from boto3.s3.transfer import S3Transfer, TransferConfig  # lazily: only a tiered S3 root
+
+            config = TransferConfig(
+                multipart_threshold=self._part_size,
+                multipart_chunksize=self._part_size,
+                max_concurrency=self._concurrency,
+                use_threads=True,
+            )
+            self._transfer = S3Transfer(client=self._bucket.client, config=config)
+        return self._transfer
+
+    def _key(self, save: str, path: str) -> str:
+        return self._bucket.key(f"{save}/{path}")
+
+    def stored(self, save: str, path: str) -> Stored | None:
+        key = self._key(save, path)
+        errors = botocore_errors()
+        with self._bucket.errors("read", self._bucket.url(key)):
+            try:
+                head = self._bucket.client.head_object(Bucket=self._bucket.root.bucket, Key=key)
+            except errors.ClientError as exc:
+                if client_error_code(exc)[0] in MISSING_OBJECT_CODES:
+                    return None
+                raise
+        metadata = head.get("Metadata") or {}
+        digest = metadata.get(DIGEST_METADATA)
+        return Stored(int(head.get("ContentLength", -1)), digest if isinstance(digest, str) else None)
+
+    def put(self, local_path: str, save: str, path: str, sha256: str, size: int) -> None:
+        from boto3.exceptions import S3UploadFailedError
+
+        key = self._key(save, path)
+        url = self._bucket.url(key)
+        extra = {"ChecksumAlgorithm": CHECKSUM_ALGORITHM, "Metadata": {DIGEST_METADATA: sha256}}
+        with self._bucket.errors("upload", url):
+            try:
+                self._s3transfer().upload_file(local_path, self._bucket.root.bucket, key, extra_args=extra)
+            except S3UploadFailedError as exc:
+                raise StorageError(f"cannot upload {url}: {exc}", location=url) from None
+        stored = self.stored(save, path)  # rule 2
+        if stored is None or stored.size != size or stored.sha256 != sha256:
+            shown = "nothing" if stored is None else f"{stored.size} bytes, sha256 {stored.sha256}"
+            raise StorageError(
+                f"cannot verify {url}: expected {size} bytes, sha256 {sha256}; the storage holds {shown}",
+                location=url,
+            )
+
+    def fetch(self, save: str, path: str, local_path: str) -> None:
+        key = self._key(save, path)
+        with self._bucket.errors("download", self._bucket.url(key)):
+            self._s3transfer().download_file(self._bucket.root.bucket, key, local_path)
+
+    def listing(self, save: str) -> list[Listed] | None:
+        prefix = self._bucket.key(f"{save}/")
+        objects = self._bucket.objects(prefix, action="list the save")
+        found = [
+            Listed(obj["Key"][len(prefix) :], int(obj["Size"]))
+            for obj in objects
+            if not obj["Key"].endswith("/")
+        ]
+        return sorted(found, key=lambda item: item.path) if found else None
+
+    def read_small(self, save: str, path: str) -> bytes | None:
+        return self._bucket.get(self._key(save, path), action="read", limit=MAX_MANIFEST_BYTES)
+
+    def write_small(self, save: str, path: str, data: bytes) -> None:
+        key = self._key(save, path)
+        with self._bucket.errors("write", self._bucket.url(key)):
+            self._bucket.client.put_object(
+                Bucket=self._bucket.root.bucket, Key=key, Body=data, ChecksumAlgorithm=CHECKSUM_ALGORITHM
+            )

@@ -1,0 +1,226 @@
+"""Replication to a durable root and restore from it (docs/spec/tiered.md §2, §5, §6).
+
+Rules:
+
+1. :func:`replicate` is one pass: the fast root's entries, ascending, each the durable root lacks handled in
+   turn: list, digest, copy what the durable root does not already hold (same size and SHA-256), verify
+   (the port's ``put`` returns only once the stored copy verified), write the manifest, publish with the
+   fast entry's epoch and step. ``ExistsError`` from that publish means it is done (exactly once, §5.1).
+2. ``stop()`` is asked before every file: when it answers True the pass ends after the file being copied,
+   publishing nothing more; the entries not yet durable come back in ``pending`` (§7.1).
+3. A failure of one entry (a ``CkptError``) ends the pass there: the entry and every later one are
+   ``pending`` and the failure is reported; a save that is gone or incomplete under the rule is ``passed``.
+4. :func:`restore_newer` walks the durable entries from the greatest down while they are greater than the
+   fast candidate, takes the first whose save is complete under the rule on the durable root and verifies
+   against its manifest, restores it into the fast root (each file verified against the manifest) and
+   publishes it there at its epoch and step (§6.2-§6.3). Every entry passed over comes back with its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import attrs
+
+from ckpt.application.verify import why_incomplete
+from ckpt.domain.entries import Entry
+from ckpt.domain.errors import CkptError, ExistsError
+from ckpt.domain.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestFile,
+    decode_manifest,
+    encode_manifest,
+    verify_listing,
+)
+from ckpt.domain.ports import WatchStore
+from ckpt.domain.rules import Rule
+from ckpt.domain.tiered_ports import DurableFiles, FastFiles
+
+__all__ = ["Replicated", "Restored", "replicate", "restore_newer"]
+
+MISSING_SAVE = "save folder is missing"
+
+
+@attrs.frozen
+class Replicated:
+    """What one replication pass did, and what is not yet durable."""
+
+    published: tuple[Entry, ...] = ()  # published on the durable root by this pass, ascending
+    already: int = 0  # fast entries the durable root already had
+    passed: tuple[tuple[Entry, str], ...] = ()  # not replicable, with why
+    pending: tuple[Entry, ...] = ()  # not yet durable: the pass stopped or failed before them
+    failure: str | None = None  # why the pass stopped early, when it failed
+    stopped: bool = False  # ``stop()`` ended the pass
+    files_copied: int = 0
+    bytes_copied: int = 0
+    files_present: int = 0  # files the durable root already held (same size and digest)
+
+
+@attrs.define
+class _Pass:
+    published: list[Entry] = attrs.Factory(list)
+    passed: list[tuple[Entry, str]] = attrs.Factory(list)
+    files_copied: int = 0
+    bytes_copied: int = 0
+    files_present: int = 0
+
+
+class _Stopped(Exception):  # noqa: N818 - control flow inside one pass
+    pass
+
+
+def _copy_save(
+    fast_files: FastFiles,
+    durable_files: DurableFiles,
+    save: str,
+    files: list[str],
+    *,
+    stop: Callable[[], bool],
+    tally: _Pass,
+) -> Manifest:
+    """Copy and verify every file of ``save`` (spec/tiered.md §2.2 steps 2-3); return its manifest."""
+    entries: list[ManifestFile] = []
+    for path in files:
+        if stop():
+            raise _Stopped
+        digest = fast_files.digest(save, path)
+        assert digest.sha256 is not None  # the fast port always digests
+        stored = durable_files.stored(save, path)
+        if stored is not None and stored.size == digest.size and stored.sha256 == digest.sha256:
+            tally.files_present += 1
+        else:
+            durable_files.put(fast_files.local_path(save, path), save, path, digest.sha256, digest.size)
+            tally.files_copied += 1
+            tally.bytes_copied += digest.size
+        entries.append(ManifestFile(path, digest.size, digest.sha256))
+    return Manifest.of(entries)
+
+
+def replicate(
+    fast: WatchStore,
+    fast_files: FastFiles,
+    durable: WatchStore,
+    durable_files: DurableFiles,
+    *,
+    rule: Rule | None = None,
+    stop: Callable[[], bool] = lambda: False,
+) -> Replicated:
+    """One replication pass from ``fast`` to ``durable`` (rules 1-3)."""
+    done = set(durable.entries())
+    todo = [entry for entry in fast.entries() if entry not in done]
+    tally = _Pass()
+    for index, entry in enumerate(todo):
+        try:
+            if rule is not None:
+                reason = why_incomplete(fast, rule, entry)
+                if reason is not None:
+                    tally.passed.append((entry, reason))
+                    continue
+            listing = fast_files.listing(entry.save)
+            if listing is None:
+                tally.passed.append((entry, MISSING_SAVE))
+                continue
+            files = [item.path for item in listing if item.path != MANIFEST_NAME]
+            manifest = _copy_save(fast_files, durable_files, entry.save, files, stop=stop, tally=tally)
+            durable_files.write_small(entry.save, MANIFEST_NAME, encode_manifest(manifest))
+            try:
+                durable.publish(entry.epoch, entry.step, durable.location(entry))
+            except ExistsError:
+                pass  # another replicator committed this copy (spec/tiered.md §5.1)
+            else:
+                tally.published.append(entry)
+        except _Stopped:
+            return _outcome(tally, done, todo[index:], stopped=True)
+        except CkptError as exc:
+            return _outcome(tally, done, todo[index:], failure=f"{durable.location(entry)}: {exc}")
+    return _outcome(tally, done, [])
+
+
+def _outcome(
+    tally: _Pass, done: set[Entry], pending: list[Entry], *, failure: str | None = None, stopped: bool = False
+) -> Replicated:
+    return Replicated(
+        published=tuple(tally.published),
+        already=len(done),
+        passed=tuple(tally.passed),
+        pending=tuple(pending),
+        failure=failure,
+        stopped=stopped,
+        files_copied=tally.files_copied,
+        bytes_copied=tally.bytes_copied,
+        files_present=tally.files_present,
+    )
+
+
+@attrs.frozen
+class Restored:
+    """The durable entry restored into the fast root (``None``: none newer was usable), and those passed."""
+
+    entry: Entry | None
+    location: str | None  # the restored save's location on the fast root
+    skipped: tuple[tuple[Entry, str], ...]  # durable entries passed over, greatest first, with why
+
+
+def _usable(durable: WatchStore, durable_files: DurableFiles, rule: Rule, entry: Entry) -> Manifest | str:
+    """The entry's manifest when its durable save is usable (spec/tiered.md §6.2), else the reason."""
+    reason = why_incomplete(durable, rule, entry)
+    if reason is not None:
+        return reason
+    data = durable_files.read_small(entry.save, MANIFEST_NAME)
+    if data is None:
+        return f"no manifest ({MANIFEST_NAME})"
+    try:
+        manifest = decode_manifest(data)
+    except CkptError as exc:
+        return str(exc)
+    listing = durable_files.listing(entry.save)
+    if listing is None:
+        return MISSING_SAVE
+    problem = verify_listing(manifest, listing)
+    return manifest if problem is None else problem
+
+
+def _restore(
+    fast: WatchStore, fast_files: FastFiles, durable_files: DurableFiles, entry: Entry, manifest: Manifest
+) -> str | None:
+    """Fetch, verify and install every file, write the manifest, publish on the fast root (§6.3)."""
+    for f in manifest.files:
+
+        def fill(temp: str, path: str = f.path) -> None:
+            durable_files.fetch(entry.save, path, temp)
+
+        problem = fast_files.install(entry.save, f.path, fill, f.sha256)
+        if problem is not None:
+            return problem
+    fast_files.write_small(entry.save, MANIFEST_NAME, encode_manifest(manifest))
+    with contextlib.suppress(ExistsError):  # published before, its save lost with the disk (§6.3)
+        fast.publish(entry.epoch, entry.step, fast.location(entry))
+    return None
+
+
+def restore_newer(
+    fast: WatchStore,
+    fast_files: FastFiles,
+    durable: WatchStore,
+    durable_files: DurableFiles,
+    rule: Rule,
+    *,
+    than: Entry | None,
+) -> Restored:
+    """Restore the newest usable durable entry greater than ``than`` into the fast root (rule 4)."""
+    skipped: list[tuple[Entry, str]] = []
+    for entry in reversed(durable.entries()):
+        if than is not None and entry <= than:
+            break
+        usable = _usable(durable, durable_files, rule, entry)
+        if isinstance(usable, str):
+            skipped.append((entry, usable))
+            continue
+        problem = _restore(fast, fast_files, durable_files, entry, usable)
+        if problem is not None:
+            skipped.append((entry, problem))
+            continue
+        return Restored(entry, fast.location(entry), tuple(skipped))
+    return Restored(None, None, tuple(skipped))

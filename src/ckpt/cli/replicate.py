@@ -1,0 +1,132 @@
+"""``ckpt replicate --to DURABLE``: copy the fast root's published saves to a durable root (spec/tiered.md).
+
+Rules:
+
+1. The fast root is the global root (``--root``, ``CKPT_ROOT``, the configuration file) and MUST be an
+   absolute POSIX path; ``--to`` is the durable root, an ``s3://`` URL or another absolute path, not the
+   fast root, not inside it nor containing it (spec/tiered.md §1.1). Both are opened with the same
+   configuration file (its ``[s3]`` and ``[[credentials]]`` serve an S3 durable root).
+2. ``--once`` runs one pass (``ckpt.application.replication.replicate``); otherwise a pass every
+   ``--interval`` seconds (default 10) until SIGTERM or SIGINT. A signal lets the file being copied finish,
+   publishes nothing more and ends the command with exit 0.
+3. Each entry published on the durable root is one stdout line, its durable location. On the way out
+   every fast entry not yet durable is one ``ckpt: not yet durable: <location>`` line on stderr, and each
+   save passed over one ``ckpt: passed over <location>: <reason>`` line.
+4. A failed pass (storage, verification) is a warning naming the entry and the reason; with ``--once`` the
+   command then exits 1, otherwise the next pass starts again from that entry.
+5. ``--json``: one document at the end, ``{"published": [entry], "passed": [{"entry": entry, "reason":
+   str}], "pending": [entry], "failure": str | null, "files_copied": int, "bytes_copied": int,
+   "files_present": int}`` (published entries at their durable locations, the others at their fast ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from typing import Any
+
+from ckpt.domain.errors import InvalidError
+
+__all__ = ["open_tier", "register"]
+
+
+def register(commands: Any) -> None:
+    """Add the ``replicate`` sub-command to the CLI's sub-parsers."""
+    p: argparse.ArgumentParser = commands.add_parser(
+        "replicate",
+        help="copy every published save to a durable root, verify it, and publish it there",
+        description=(
+            "Copy the fast root's published saves, in order, to the same paths under DURABLE (S3 or POSIX), "
+            "verify every file, write a manifest and publish each at its epoch and step."
+        ),
+    )
+    p.add_argument(
+        "--to", required=True, metavar="DURABLE", help="the durable root: s3://BUCKET[/PREFIX] or a path"
+    )
+    p.add_argument("--once", action="store_true", help="run one pass, then exit")
+    p.add_argument("--framework", metavar="NAME", help="copy only saves complete under this rule")
+    p.add_argument("--interval", metavar="SECONDS", help="seconds between passes (default 10)")
+    p.set_defaults(handler=_handle)
+
+
+def open_tier(ctx: Any, durable: str) -> tuple[Any, Any, Any, Any]:
+    """The fast store and files, and the durable store and files (rule 1)."""
+    from ckpt.adapters.posix import PosixStore
+    from ckpt.adapters.posix.tiered import PosixTierFiles
+    from ckpt.store import open_store
+
+    fast = ctx.store()
+    if not isinstance(fast, PosixStore):
+        raise InvalidError(f"the fast root {fast.root!r} must be an absolute POSIX path")
+    if not durable:
+        raise InvalidError("--to is empty: give the durable root")
+    config = ctx.config() if ctx.args.config or ctx.environ.get("CKPT_CONFIG") else None
+    store = open_store(durable, config=config, environ=ctx.environ)
+    if isinstance(store, PosixStore):
+        a, b = os.path.realpath(fast.root), os.path.realpath(store.root)
+        if a == b or b.startswith(a.rstrip("/") + "/") or a.startswith(b.rstrip("/") + "/"):
+            raise InvalidError(
+                f"--to {durable!r} must not be the fast root {fast.root!r}, inside it or contain it"
+            )
+        files: Any = PosixTierFiles(store.root)
+    else:
+        files = store.durable_files()  # type: ignore[attr-defined]
+    return fast, PosixTierFiles(fast.root), store, files
+
+
+def _handle(ctx: Any) -> int:
+    from ckpt.application.replication import Replicated, replicate
+    from ckpt.cli.watch import parse_seconds
+    from ckpt.stopping import stop_on_signals
+
+    args = ctx.args
+    interval = 10.0 if args.interval is None else parse_seconds(args.interval, "--interval", allow_zero=False)
+    stop = threading.Event()
+    with stop_on_signals(stop):  # rule 2: installed before anything is opened
+        rule = None
+        if args.framework is not None:
+            from ckpt.application.rulebook import find_rule
+
+            rule = find_rule(args.framework, configured=ctx.config().frameworks)
+        fast, fast_files, durable, durable_files = open_tier(ctx, args.to)
+        published: list[Any] = []
+        totals = [0, 0, 0]
+        last = Replicated()
+        while True:
+            last = replicate(fast, fast_files, durable, durable_files, rule=rule, stop=stop.is_set)
+            published += last.published
+            totals = [
+                totals[0] + last.files_copied,
+                totals[1] + last.bytes_copied,
+                totals[2] + last.files_present,
+            ]
+            for entry in last.published if not args.json else ():
+                ctx.say(durable.location(entry))
+            if last.failure is not None:
+                ctx.warn(f"replication failed: {last.failure}")
+            if args.once or stop.is_set() or stop.wait(interval):
+                break
+        passed = {entry for entry, _ in last.passed}
+        on_durable = set(durable.entries()) if not last.pending else set()
+        pending = list(last.pending) or [e for e in fast.entries() if e not in on_durable and e not in passed]
+    for entry, reason in last.passed:
+        ctx.warn(f"passed over {fast.location(entry)}: {reason}")
+    for entry in pending:
+        ctx.warn(f"not yet durable: {fast.location(entry)}")
+    if args.json:
+        from ckpt.cli.output import entry_document, print_json
+
+        print_json(
+            {
+                "published": [entry_document(durable, e) for e in published],
+                "passed": [{"entry": entry_document(fast, e), "reason": r} for e, r in last.passed],
+                "pending": [entry_document(fast, e) for e in pending],
+                "failure": last.failure,
+                "files_copied": totals[0],
+                "bytes_copied": totals[1],
+                "files_present": totals[2],
+            },
+            ctx.stdout,
+        )
+    return 1 if args.once and last.failure is not None else 0

@@ -1,0 +1,366 @@
+"""Tiered checkpoints end to end (docs/spec/tiered.md): real files, real processes, moto's server for S3.
+
+A fast POSIX root is replicated to a durable root (POSIX or S3) with ``ckpt replicate``; ``ckpt resume
+--durable`` restores from it after the fast root is deleted. Replicators are SIGKILLed at every file
+boundary and rerun; durable files are corrupted; a zombie's older-epoch save is replicated too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+import ckpt
+from ckpt.domain.manifest import MANIFEST_NAME, Listed, decode_manifest, verify_listing
+from support.s3 import new_bucket_name
+
+SRC = str(Path(ckpt.__file__).resolve().parents[1])
+TESTS = str(Path(__file__).resolve().parent)
+KEYS = {"AWS_ACCESS_KEY_ID": "tiered-test-key", "AWS_SECRET_ACCESS_KEY": "tiered-test-secret"}
+FILES_PER_SAVE = 3
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, module: str = "ckpt"
+) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_", "AWS_"))}
+    full.update(KEYS)
+    full["PYTHONPATH"] = os.pathsep.join([SRC, TESTS])
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=120,
+        check=False,
+    )
+
+
+def hf_save(root: Path, attempt: str, step: int, *, size: int = 3000, complete: bool = True) -> Path:
+    """An hf save of three files (one in a sub-folder), its bytes fixed by the step."""
+    save = root / "exec" / attempt / f"checkpoint-{step}"
+    (save / "sub").mkdir(parents=True)
+    (save / "model.safetensors").write_bytes(bytes((step + i) % 251 for i in range(size)))
+    (save / "sub" / "shard.bin").write_bytes(f"shard of {step}".encode())
+    if complete:
+        (save / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return save
+
+
+def publish(root: Path, epoch: int, step: int, save: Path) -> None:
+    result = run("--root", str(root), "publish", "--epoch", str(epoch), "--step", str(step), str(save))
+    assert result.returncode == 0, result.stderr
+
+
+def entries(root: str, *extra: str) -> list[str]:
+    result = run(*extra, "--root", root, "entries")
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
+
+
+def resume(
+    fast: Path, durable: str, attempt: str, epoch: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    env = {"DISPATCH_ATTEMPT": attempt, "DISPATCH_EPOCH": str(epoch)}
+    return run(*extra, "--root", str(fast), "resume", "--framework", "hf", "--durable", durable, env=env)
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> tuple[Path, Path]:
+    """A fast root with two published hf saves (epoch 5, steps 100 and 200) and an empty durable root."""
+    fast, durable = tmp_path / "fast", tmp_path / "durable"
+    fast.mkdir()
+    durable.mkdir()
+    for step in (100, 200):
+        publish(fast, 5, step, hf_save(fast, "a", step))
+    return fast, durable
+
+
+class TestReplicatePosix:
+    def test_replicate_then_resume_from_a_deleted_fast_root(self, roots: tuple[Path, Path]) -> None:
+        """Both saves reach the durable root whole, with a manifest that verifies, at the same epoch and
+        step; with the fast root gone, resume restores the newest and publishes it locally."""
+        fast, durable = roots
+        result = run("--root", str(fast), "replicate", "--to", str(durable), "--once", "--framework", "hf")
+        assert result.returncode == 0, result.stderr
+        saves = [durable / "exec" / "a" / f"checkpoint-{s}" for s in (100, 200)]
+        assert result.stdout.splitlines() == [str(s) for s in saves]
+        assert entries(str(durable)) == [f"5 100 {saves[0]}", f"5 200 {saves[1]}"]
+        for save in saves:
+            original = fast / save.relative_to(durable)
+            assert files_of(save) == files_of(original)
+            manifest = decode_manifest((save / MANIFEST_NAME).read_bytes())
+            listing = [Listed(p, len(b)) for p, b in files_of(original).items()]
+            assert verify_listing(manifest, listing) is None
+        expected = files_of(fast / "exec" / "a" / "checkpoint-200")
+        shutil.rmtree(fast)
+        result = resume(fast, str(durable), "b", 6, "--json")
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        restored = fast / "exec" / "a" / "checkpoint-200"
+        assert document["location"] == str(restored)
+        assert document["restored"]["location"] == str(saves[1])
+        assert files_of(restored) == expected
+        assert (restored / MANIFEST_NAME).read_bytes() == (saves[1] / MANIFEST_NAME).read_bytes()
+        assert entries(str(fast)) == [f"5 200 {restored}"]
+        again = resume(fast, str(durable), "c", 7)
+        assert (again.returncode, again.stdout) == (0, f"{restored}\n")  # the fast copy is newest now
+
+    def test_a_second_pass_copies_nothing_and_publishes_nothing(self, roots: tuple[Path, Path]) -> None:
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        result = run("--json", "--root", str(fast), "replicate", "--to", str(durable), "--once")
+        document = json.loads(result.stdout)
+        assert (document["published"], document["files_copied"], document["pending"]) == ([], 0, [])
+
+    def test_a_newer_fast_save_wins_over_the_durable_one(self, roots: tuple[Path, Path]) -> None:
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        newest = hf_save(fast, "a", 300)
+        publish(fast, 5, 300, newest)
+        result = resume(fast, str(durable), "b", 6, "--json")
+        document = json.loads(result.stdout)
+        assert (document["location"], document["restored"]) == (str(newest), None)
+
+    def test_an_incomplete_save_is_passed_over_and_the_next_one_replicated(self, tmp_path: Path) -> None:
+        fast, durable = tmp_path / "fast", tmp_path / "durable"
+        durable.mkdir()
+        publish(fast, 5, 100, hf_save(fast, "a", 100, complete=False))
+        publish(fast, 5, 200, hf_save(fast, "a", 200))
+        result = run(
+            "--json", "--root", str(fast), "replicate", "--to", str(durable), "--once", "--framework", "hf"
+        )
+        document = json.loads(result.stdout)
+        assert [e["step"] for e in document["published"]] == [200]
+        assert [p["entry"]["step"] for p in document["passed"]] == [100]
+        assert "passed over" in result.stderr
+
+    def test_the_durable_root_may_not_be_inside_the_fast_root(self, roots: tuple[Path, Path]) -> None:
+        fast, _ = roots
+        (fast / "inner").mkdir()
+        result = run("--root", str(fast), "replicate", "--to", str(fast / "inner"), "--once")
+        assert result.returncode == 2
+        assert "must not be the fast root" in result.stderr
+
+
+class TestKilledReplicator:
+    @pytest.mark.parametrize("boundary", range(1, 2 * FILES_PER_SAVE + 1))
+    def test_killed_after_each_file_the_rerun_copies_only_what_is_missing(
+        self, roots: tuple[Path, Path], boundary: int
+    ) -> None:
+        """SIGKILL right after the n-th file is stored: no entry for a save not whole; the rerun copies
+        exactly the files still missing and publishes each entry once."""
+        fast, durable = roots
+        args = ("--root", str(fast), "replicate", "--to", str(durable), "--once")
+        env = {"TIERED_FAST_ROOT": str(fast)}
+        killed = run("kill", str(boundary), *args, env=env, module="support.tiered_replicator")
+        assert killed.returncode == -9, killed.stderr
+        whole = boundary // FILES_PER_SAVE  # saves whose every file was stored before the kill
+        published = entries(str(durable))
+        assert len(published) <= whole
+        result = run("--json", *args)
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        assert document["files_copied"] == 2 * FILES_PER_SAVE - boundary
+        assert document["files_present"] == boundary - FILES_PER_SAVE * len(published)
+        assert len(document["published"]) == 2 - len(published)
+        assert len(entries(str(durable))) == 2
+
+    def test_killed_after_the_manifest_the_rerun_publishes_once(self, roots: tuple[Path, Path]) -> None:
+        fast, durable = roots
+        args = ("--root", str(fast), "replicate", "--to", str(durable), "--once")
+        killed = run(
+            "kill-manifest",
+            "1",
+            *args,
+            env={"TIERED_FAST_ROOT": str(fast)},
+            module="support.tiered_replicator",
+        )
+        assert killed.returncode == -9
+        assert entries(str(durable)) == []
+        document = json.loads(run("--json", *args).stdout)
+        assert (document["files_present"], document["files_copied"]) == (FILES_PER_SAVE, FILES_PER_SAVE)
+        assert [e["step"] for e in document["published"]] == [100, 200]
+
+    def test_sigterm_finishes_the_file_and_reports_what_is_not_durable(
+        self, roots: tuple[Path, Path]
+    ) -> None:
+        fast, durable = roots
+        args = ("--root", str(fast), "replicate", "--to", str(durable), "--interval", "60")
+        result = run(
+            "term", "1", *args, env={"TIERED_FAST_ROOT": str(fast)}, module="support.tiered_replicator"
+        )
+        assert result.returncode == 0, result.stderr
+        assert entries(str(durable)) == []
+        assert (durable / "exec" / "a" / "checkpoint-100" / "model.safetensors").is_file()
+        lines = [line for line in result.stderr.splitlines() if "not yet durable" in line]
+        assert lines == [f"ckpt: not yet durable: {fast}/exec/a/checkpoint-{s}" for s in (100, 200)]
+
+
+class TestCorruption:
+    @pytest.mark.parametrize("how", ["flipped-byte", "truncated", "manifest-missing"])
+    def test_a_corrupt_durable_copy_is_skipped_and_the_older_one_restored(
+        self, roots: tuple[Path, Path], how: str
+    ) -> None:
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        newest = durable / "exec" / "a" / "checkpoint-200"
+        model = newest / "model.safetensors"
+        data = bytearray(model.read_bytes())
+        if how == "flipped-byte":
+            data[1000] ^= 0xFF
+            model.write_bytes(bytes(data))
+        elif how == "truncated":
+            model.write_bytes(bytes(data[:-1]))
+        else:
+            (newest / MANIFEST_NAME).unlink()
+        expected = files_of(fast / "exec" / "a" / "checkpoint-100")
+        shutil.rmtree(fast)
+        result = resume(fast, str(durable), "b", 6)
+        older = fast / "exec" / "a" / "checkpoint-100"
+        assert (result.returncode, result.stdout) == (0, f"{older}\n"), result.stderr
+        skipped = [line for line in result.stderr.splitlines() if line.startswith(f"ckpt: skipped {newest}:")]
+        reason = {
+            "flipped-byte": "sha256",
+            "truncated": "bytes, the manifest says",
+            "manifest-missing": "no manifest",
+        }
+        assert len(skipped) == 1, result.stderr
+        assert reason[how] in skipped[0]
+        assert files_of(older) == expected
+        assert entries(str(fast)) == [f"5 100 {older}"]
+        left = fast / "exec" / "a" / "checkpoint-200"
+        assert not left.exists() or not any(p.name.startswith(".model") for p in left.iterdir())
+
+
+class TestZombieEpoch:
+    def test_a_zombie_save_keeps_its_older_epoch_on_the_durable_root(self, tmp_path: Path) -> None:
+        """The zombie's step 900 at epoch 1 is published after the new execution's step 50 at epoch 2; on
+        the durable root it keeps epoch 1, so the resume restores step 50."""
+        fast, durable = tmp_path / "fast", tmp_path / "durable"
+        durable.mkdir()
+        live = hf_save(fast, "b", 50)
+        publish(fast, 2, 50, live)
+        publish(fast, 1, 900, hf_save(fast, "a", 900))
+        result = run("--root", str(fast), "replicate", "--to", str(durable), "--once")
+        assert result.returncode == 0, result.stderr
+        assert entries(str(durable)) == [
+            f"1 900 {durable}/exec/a/checkpoint-900",
+            f"2 50 {durable}/exec/b/checkpoint-50",
+        ]
+        shutil.rmtree(fast)
+        result = resume(fast, str(durable), "c", 3)
+        assert (result.returncode, result.stdout) == (0, f"{live}\n"), result.stderr
+
+
+# -- S3 -------------------------------------------------------------------------------------------------
+
+
+def s3_config(path: Path, endpoint: str) -> str:
+    path.write_text(
+        f'[s3]\nendpoint_url = "{endpoint}"\nregion = "us-east-1"\naddressing_style = "path"\n'
+        'connect_timeout = 2\nread_timeout = 10\nmax_attempts = 2\n[[credentials]]\nsource = "env"\n'
+    )
+    return str(path)
+
+
+@pytest.fixture
+def s3(moto_server: str, tmp_path: Path) -> tuple[Any, str, str]:
+    """A fresh bucket on moto's server: the client, the durable root URL and a config file for it."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_server,
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="y",
+    )
+    bucket = new_bucket_name()
+    client.create_bucket(Bucket=bucket)
+    return client, f"s3://{bucket}/tiers", s3_config(tmp_path / "ckpt.toml", moto_server)
+
+
+class TestReplicateS3:
+    def test_multipart_upload_with_checksums_then_restore(
+        self, tmp_path: Path, s3: tuple[Any, str, str]
+    ) -> None:
+        """A 17 MiB file goes up in parts with a CRC32 the server checked and the SHA-256 as metadata; the
+        fast root deleted, resume restores it byte for byte and publishes it locally."""
+        client, root, config = s3
+        fast = tmp_path / "fast"
+        save = hf_save(fast, "a", 100, size=17 << 20)
+        publish(fast, 5, 100, save)
+        result = run("--config", config, "--root", str(fast), "replicate", "--to", root, "--once")
+        assert result.returncode == 0, result.stderr
+        assert entries(root, "--config", config) == [f"5 100 {root}/exec/a/checkpoint-100"]
+        bucket = root.split("/")[2]
+        head = client.head_object(
+            Bucket=bucket, Key="tiers/exec/a/checkpoint-100/model.safetensors", ChecksumMode="ENABLED"
+        )
+        assert head["ContentLength"] == 17 << 20
+        assert "ChecksumCRC32" in head
+        assert head["ETag"].strip('"').endswith("-3")  # three 8 MiB parts: the managed multipart transfer
+        assert len(head["Metadata"]["ckpt-sha256"]) == 64
+        expected = files_of(save)
+        shutil.rmtree(fast)
+        result = resume(fast, root, "b", 6, "--config", config)
+        assert (result.returncode, result.stdout) == (0, f"{save}\n"), result.stderr
+        assert files_of(save) == expected
+
+    @pytest.mark.parametrize("boundary", [1, 2])
+    def test_killed_replicator_reuploads_only_what_is_missing(
+        self, tmp_path: Path, s3: tuple[Any, str, str], boundary: int
+    ) -> None:
+        _, root, config = s3
+        fast = tmp_path / "fast"
+        publish(fast, 5, 100, hf_save(fast, "a", 100))
+        args = ("--config", config, "--root", str(fast), "replicate", "--to", root, "--once")
+        killed = run(
+            "kill",
+            str(boundary),
+            *args,
+            env={"TIERED_FAST_ROOT": str(fast)},
+            module="support.tiered_replicator",
+        )
+        assert killed.returncode == -9, killed.stderr
+        assert entries(root, "--config", config) == []
+        document = json.loads(run("--json", *args).stdout)
+        assert (document["files_present"], document["files_copied"]) == (boundary, FILES_PER_SAVE - boundary)
+        assert len(document["published"]) == 1
+        assert len(entries(root, "--config", config)) == 1
+
+    def test_an_overwritten_object_fails_verification_and_the_older_save_is_restored(
+        self, tmp_path: Path, s3: tuple[Any, str, str]
+    ) -> None:
+        client, root, config = s3
+        fast = tmp_path / "fast"
+        for step in (100, 200):
+            publish(fast, 5, step, hf_save(fast, "a", step))
+        assert (
+            run("--config", config, "--root", str(fast), "replicate", "--to", root, "--once").returncode == 0
+        )
+        bucket = root.split("/")[2]
+        key = "tiers/exec/a/checkpoint-200/model.safetensors"
+        good = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        client.put_object(Bucket=bucket, Key=key, Body=bytes(b ^ 1 for b in good))  # same size, other bytes
+        shutil.rmtree(fast)
+        result = resume(fast, root, "b", 6, "--config", config)
+        older = fast / "exec" / "a" / "checkpoint-100"
+        assert (result.returncode, result.stdout) == (0, f"{older}\n"), result.stderr
+        assert f"skipped {root}/exec/a/checkpoint-200: file 'model.safetensors' has sha256" in result.stderr
