@@ -106,6 +106,7 @@ NOT_IMPORTED_BY_POSIX_RESOLVE = (
     "ckpt.stopping",
     *("ckpt.application.watcher", "ckpt.application.verify", "ckpt.domain.prune"),
     *("ckpt.cli.retention", "ckpt.cli.watch", "ckpt.cli.follow", "ckpt.cli.resume", "ckpt.cli.doctor"),
+    *("ckpt.cli.replicate", "ckpt.application.replication", "ckpt.adapters.posix.tiered"),
     *("ckpt.cli.output", "ckpt.cli.logs"),
 )
 

@@ -152,6 +152,25 @@ class TestReplicatePosix:
         assert [p["entry"]["step"] for p in document["passed"]] == [100]
         assert "passed over" in result.stderr
 
+    def test_a_failed_copy_publishes_nothing_exits_1_and_reports_what_is_not_durable(
+        self, roots: tuple[Path, Path]
+    ) -> None:
+        """A durable path blocked by a file fails the first entry: no entry is published (nor the second,
+        which comes after it), --once exits 1, and both fast entries are reported not yet durable."""
+        fast, durable = roots
+        (durable / "exec").mkdir()
+        (durable / "exec" / "a").write_bytes(b"in the way")
+        result = run("--root", str(fast), "replicate", "--to", str(durable), "--once")
+        assert result.returncode == 1
+        assert f"replication failed: {durable}/exec/a/checkpoint-100: cannot write" in result.stderr
+        lines = [line for line in result.stderr.splitlines() if "not yet durable" in line]
+        assert lines == [f"ckpt: not yet durable: {fast}/exec/a/checkpoint-{s}" for s in (100, 200)]
+        assert entries(str(durable)) == []
+        (durable / "exec" / "a").unlink()
+        again = run("--root", str(fast), "replicate", "--to", str(durable), "--once")
+        assert again.returncode == 0, again.stderr
+        assert len(entries(str(durable))) == 2
+
     def test_the_durable_root_may_not_be_inside_the_fast_root(self, roots: tuple[Path, Path]) -> None:
         fast, _ = roots
         (fast / "inner").mkdir()

@@ -13,7 +13,8 @@ Rules:
 4. :func:`restore_newer` walks the durable entries from the greatest down while they are greater than the
    fast candidate, takes the first whose save is complete under the rule on the durable root and verifies
    against its manifest, restores it into the fast root (each file verified against the manifest) and
-   publishes it there at its epoch and step (§6.2-§6.3). Every entry passed over comes back with its reason.
+   publishes it there at its epoch and step (§6.2-§6.3). Every entry passed over comes back with its reason,
+   a failure to read or restore one (a ``CkptError``) included; a durable log that cannot be read raises.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def replicate(
 ) -> Replicated:
     """One replication pass from ``fast`` to ``durable`` (rules 1-3)."""
     done = set(durable.entries())
-    todo = [entry for entry in fast.entries() if entry not in done]
+    on_fast = fast.entries()
+    todo = [entry for entry in on_fast if entry not in done]
+    already = len(on_fast) - len(todo)
     tally = _Pass()
     for index, entry in enumerate(todo):
         try:
@@ -132,18 +135,18 @@ def replicate(
             else:
                 tally.published.append(entry)
         except _Stopped:
-            return _outcome(tally, done, todo[index:], stopped=True)
+            return _outcome(tally, already, todo[index:], stopped=True)
         except CkptError as exc:
-            return _outcome(tally, done, todo[index:], failure=f"{durable.location(entry)}: {exc}")
-    return _outcome(tally, done, [])
+            return _outcome(tally, already, todo[index:], failure=f"{durable.location(entry)}: {exc}")
+    return _outcome(tally, already, [])
 
 
 def _outcome(
-    tally: _Pass, done: set[Entry], pending: list[Entry], *, failure: str | None = None, stopped: bool = False
+    tally: _Pass, already: int, pending: list[Entry], *, failure: str | None = None, stopped: bool = False
 ) -> Replicated:
     return Replicated(
         published=tuple(tally.published),
-        already=len(done),
+        already=already,
         passed=tuple(tally.passed),
         pending=tuple(pending),
         failure=failure,
@@ -214,11 +217,14 @@ def restore_newer(
     for entry in reversed(durable.entries()):
         if than is not None and entry <= than:
             break
-        usable = _usable(durable, durable_files, rule, entry)
-        if isinstance(usable, str):
-            skipped.append((entry, usable))
-            continue
-        problem = _restore(fast, fast_files, durable_files, entry, usable)
+        try:
+            usable = _usable(durable, durable_files, rule, entry)
+            if isinstance(usable, str):
+                skipped.append((entry, usable))
+                continue
+            problem = _restore(fast, fast_files, durable_files, entry, usable)
+        except CkptError as exc:  # one copy that cannot be read is passed over (spec/tiered.md §6.2)
+            problem = str(exc)
         if problem is not None:
             skipped.append((entry, problem))
             continue

@@ -26,7 +26,7 @@ import os
 import threading
 from typing import Any
 
-from ckpt.domain.errors import InvalidError
+from ckpt.domain.errors import CkptError, InvalidError
 
 __all__ = ["open_tier", "register"]
 
@@ -94,7 +94,15 @@ def _handle(ctx: Any) -> int:
         totals = [0, 0, 0]
         last = Replicated()
         while True:
-            last = replicate(fast, fast_files, durable, durable_files, rule=rule, stop=stop.is_set)
+            try:
+                last = replicate(fast, fast_files, durable, durable_files, rule=rule, stop=stop.is_set)
+            except CkptError as exc:  # rule 4: a log that cannot be read ends only a --once run
+                if args.once:
+                    raise
+                ctx.warn(f"replication failed: {exc}")
+                if stop.wait(interval):
+                    break
+                continue
             published += last.published
             totals = [
                 totals[0] + last.files_copied,
@@ -107,9 +115,14 @@ def _handle(ctx: Any) -> int:
                 ctx.warn(f"replication failed: {last.failure}")
             if args.once or stop.is_set() or stop.wait(interval):
                 break
-        passed = {entry for entry, _ in last.passed}
-        on_durable = set(durable.entries()) if not last.pending else set()
-        pending = list(last.pending) or [e for e in fast.entries() if e not in on_durable and e not in passed]
+        pending = list(last.pending)
+        if not pending:  # entries published on the fast root since the last pass (rule 3)
+            passed = {entry for entry, _ in last.passed}
+            try:
+                on_durable = set(durable.entries())
+                pending = [e for e in fast.entries() if e not in on_durable and e not in passed]
+            except CkptError as exc:
+                ctx.warn(f"cannot tell which entries are not yet durable: {exc}")
     for entry, reason in last.passed:
         ctx.warn(f"passed over {fast.location(entry)}: {reason}")
     for entry in pending:

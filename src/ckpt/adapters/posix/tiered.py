@@ -9,6 +9,7 @@ Rules (docs/spec/tiered.md §4.2-§4.3):
 2. Listings are of regular files (``lstat``: no link is followed), sorted by path; temporary files are no
    part of a save and are left out. A missing save lists as ``None`` (fast) or nothing (durable).
 3. The SHA-256 a POSIX durable root records for a file is the one read back from it.
+4. A failing system call is a ``StorageError`` naming the file and what the system said.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ckpt.domain.errors import StorageError
 from ckpt.domain.manifest import Listed
@@ -28,6 +30,15 @@ __all__ = ["PosixTierFiles", "make_dirs", "sha256_of"]
 
 _CHUNK = 8 << 20
 _TEMP = re.compile(r"\..+\.ckpt-tmp-[0-9a-f]{16}")
+
+
+@contextmanager
+def _storage(action: str, path: str) -> Iterator[None]:
+    """Rule 4: an ``OSError`` inside becomes a ``StorageError`` naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageError(f"cannot {action} {path!r}: {exc.strerror or exc}", location=path) from None
 
 
 def sha256_of(path: str) -> str:
@@ -77,11 +88,16 @@ class PosixTierFiles:
 
     def _walk(self, save: str) -> list[Listed] | None:
         top = self._path(save)
-        try:
-            if not stat.S_ISDIR(os.lstat(top).st_mode):
+        with _storage("list", top):
+            try:
+                if not stat.S_ISDIR(os.lstat(top).st_mode):
+                    return None
+            except (FileNotFoundError, NotADirectoryError):
                 return None
-        except FileNotFoundError:
-            return None
+            return self._files(top)
+
+    @staticmethod
+    def _files(top: str) -> list[Listed]:
         found: list[Listed] = []
         for folder, dirs, names in os.walk(top):
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
@@ -95,6 +111,11 @@ class PosixTierFiles:
     def install(self, save: str, path: str, write: Callable[[str], None], sha256: str) -> str | None:
         """Rule 1: write a temporary file, verify its read-back digest, rename it into place."""
         final = self._path(save, path)
+        with _storage("write", final):
+            return self._install(final, path, write, sha256)
+
+    @staticmethod
+    def _install(final: str, path: str, write: Callable[[str], None], sha256: str) -> str | None:
         folder, name = os.path.split(final)
         make_dirs(folder)
         temp = os.path.join(folder, f".{name}.ckpt-tmp-{os.urandom(8).hex()}")
@@ -122,7 +143,9 @@ class PosixTierFiles:
             with open(temp, "wb") as f:
                 f.write(data)
 
-        self.install(save, path, fill, hashlib.sha256(data).hexdigest())
+        problem = self.install(save, path, fill, hashlib.sha256(data).hexdigest())
+        if problem is not None:
+            raise StorageError(f"cannot write {self._path(save, path)!r}: {problem}")
 
     # -- FastFiles ----------------------------------------------------------------------------------------
 
@@ -132,7 +155,8 @@ class PosixTierFiles:
 
     def digest(self, save: str, path: str) -> Listed:
         full = self._path(save, path)
-        return Listed(path, os.lstat(full).st_size, sha256_of(full))
+        with _storage("read", full):
+            return Listed(path, os.lstat(full).st_size, sha256_of(full))
 
     def local_path(self, save: str, path: str) -> str:
         return self._path(save, path)
@@ -141,13 +165,14 @@ class PosixTierFiles:
 
     def stored(self, save: str, path: str) -> Stored | None:
         full = self._path(save, path)
-        try:
-            info = os.lstat(full)
-        except FileNotFoundError:
-            return None
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        return Stored(info.st_size, sha256_of(full))  # rule 3
+        with _storage("read", full):
+            try:
+                info = os.lstat(full)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            return Stored(info.st_size, sha256_of(full))  # rule 3
 
     def put(self, local_path: str, save: str, path: str, sha256: str, size: int) -> None:
         def copy(temp: str) -> None:
@@ -160,11 +185,13 @@ class PosixTierFiles:
             raise StorageError(f"cannot copy {local_path!r}: the copy has not {size} bytes")
 
     def fetch(self, save: str, path: str, local_path: str) -> None:
-        shutil.copyfile(self._path(save, path), local_path)
+        with _storage("read", self._path(save, path)):
+            shutil.copyfile(self._path(save, path), local_path)
 
     def read_small(self, save: str, path: str) -> bytes | None:
-        try:
-            with open(self._path(save, path), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
+        with _storage("read", self._path(save, path)):
+            try:
+                with open(self._path(save, path), "rb") as f:
+                    return f.read()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
