@@ -288,6 +288,32 @@ class TestZombieEpoch:
         result = resume(fast, str(durable), "c", 3)
         assert (result.returncode, result.stdout) == (0, f"{live}\n"), result.stderr
 
+    def test_a_zombie_save_published_after_a_newer_one_was_replicated_is_not_copied(
+        self, tmp_path: Path
+    ) -> None:
+        fast, durable = tmp_path / "fast", tmp_path / "durable"
+        durable.mkdir()
+        publish(fast, 2, 50, hf_save(fast, "b", 50))
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        publish(fast, 1, 900, hf_save(fast, "a", 900))  # the zombie, late
+        result = run("--json", "--root", str(fast), "replicate", "--to", str(durable), "--once")
+        assert json.loads(result.stdout)["published"] == []
+        assert entries(str(durable)) == [f"2 50 {durable}/exec/b/checkpoint-50"]
+
+
+class TestDurablePrune:
+    def test_entries_a_durable_prune_removed_are_not_copied_again(self, roots: tuple[Path, Path]) -> None:
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        assert run("--root", str(durable), "prune", "--keep", "1").returncode == 0
+        assert len(entries(str(durable))) == 1
+        document = json.loads(
+            run("--json", "--root", str(fast), "replicate", "--to", str(durable), "--once").stdout
+        )
+        assert (document["published"], document["files_copied"], document["pending"]) == ([], 0, [])
+        assert entries(str(durable)) == [f"5 200 {durable}/exec/a/checkpoint-200"]
+        assert not (durable / "exec" / "a" / "checkpoint-100").exists()
+
 
 # -- S3 -------------------------------------------------------------------------------------------------
 

@@ -2,10 +2,12 @@
 
 Rules:
 
-1. :func:`replicate` is one pass: the fast root's entries, ascending, each the durable root lacks handled in
-   turn: list, digest, copy what the durable root does not already hold (same size and SHA-256), verify
-   (the port's ``put`` returns only once the stored copy verified), write the manifest, publish with the
-   fast entry's epoch and step. ``ExistsError`` from that publish means it is done (exactly once, §5.1).
+1. :func:`replicate` is one pass: the fast root's entries greater than the durable root's greatest entry,
+   ascending, handled in turn (an older one the durable root lacks was pruned there, or is a zombie's that
+   no resume would choose; it is never copied, spec/tiered.md §2.1): list, digest, copy what the durable
+   root does not already hold (same size and SHA-256), verify (the port's ``put`` returns only once the
+   stored copy verified), write the manifest, publish with the fast entry's epoch and step.
+   ``ExistsError`` from that publish means it is done (exactly once, §5.1).
 2. ``stop()`` is asked before every file: when it answers True the pass ends after the file being copied,
    publishing nothing more; the entries not yet durable come back in ``pending`` (§7.1).
 3. A failure of one entry (a ``CkptError``) ends the pass there: the entry and every later one are
@@ -50,6 +52,7 @@ class Replicated:
 
     published: tuple[Entry, ...] = ()  # published on the durable root by this pass, ascending
     already: int = 0  # fast entries the durable root already had
+    older: int = 0  # fast entries the durable root lacks, older than its greatest: never copied
     passed: tuple[tuple[Entry, str], ...] = ()  # not replicable, with why
     pending: tuple[Entry, ...] = ()  # not yet durable: the pass stopped or failed before them
     failure: str | None = None  # why the pass stopped early, when it failed
@@ -110,9 +113,11 @@ def replicate(
 ) -> Replicated:
     """One replication pass from ``fast`` to ``durable`` (rules 1-3)."""
     done = set(durable.entries())
+    newest = max(done) if done else None
     on_fast = fast.entries()
-    todo = [entry for entry in on_fast if entry not in done]
-    already = len(on_fast) - len(todo)
+    todo = [entry for entry in on_fast if newest is None or entry > newest]
+    already = sum(1 for entry in on_fast if entry in done)
+    older = len(on_fast) - already - len(todo)
     tally = _Pass()
     for index, entry in enumerate(todo):
         try:
@@ -135,18 +140,26 @@ def replicate(
             else:
                 tally.published.append(entry)
         except _Stopped:
-            return _outcome(tally, already, todo[index:], stopped=True)
+            return _outcome(tally, (already, older), todo[index:], stopped=True)
         except CkptError as exc:
-            return _outcome(tally, already, todo[index:], failure=f"{durable.location(entry)}: {exc}")
-    return _outcome(tally, already, [])
+            return _outcome(
+                tally, (already, older), todo[index:], failure=f"{durable.location(entry)}: {exc}"
+            )
+    return _outcome(tally, (already, older), [])
 
 
 def _outcome(
-    tally: _Pass, already: int, pending: list[Entry], *, failure: str | None = None, stopped: bool = False
+    tally: _Pass,
+    counts: tuple[int, int],
+    pending: list[Entry],
+    *,
+    failure: str | None = None,
+    stopped: bool = False,
 ) -> Replicated:
     return Replicated(
         published=tuple(tally.published),
-        already=already,
+        already=counts[0],
+        older=counts[1],
         passed=tuple(tally.passed),
         pending=tuple(pending),
         failure=failure,

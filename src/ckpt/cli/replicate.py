@@ -119,8 +119,8 @@ def _handle(ctx: Any) -> int:
         if not pending:  # entries published on the fast root since the last pass (rule 3)
             passed = {entry for entry, _ in last.passed}
             try:
-                on_durable = set(durable.entries())
-                pending = [e for e in fast.entries() if e not in on_durable and e not in passed]
+                newest = max(durable.entries(), default=None)  # spec/tiered.md §2.1: only these are copied
+                pending = [e for e in fast.entries() if (newest is None or e > newest) and e not in passed]
             except CkptError as exc:
                 ctx.warn(f"cannot tell which entries are not yet durable: {exc}")
     for entry, reason in last.passed:
