@@ -233,6 +233,59 @@ class TestKilledReplicator:
         assert lines == [f"ckpt: not yet durable: {fast}/exec/a/checkpoint-{s}" for s in (100, 200)]
 
 
+class TestKilledRestore:
+    @pytest.mark.parametrize("boundary", range(1, FILES_PER_SAVE + 1))
+    def test_killed_after_each_restored_file_the_rerun_restores_and_publishes(
+        self, roots: tuple[Path, Path], boundary: int
+    ) -> None:
+        """SIGKILL after the n-th file installed in the fast root: no fast entry names the half-restored
+        save; the next resume restores it whole and publishes it once."""
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        expected = files_of(fast / "exec" / "a" / "checkpoint-200")
+        shutil.rmtree(fast)
+        env = {"TIERED_FAST_ROOT": str(fast), "DISPATCH_ATTEMPT": "b", "DISPATCH_EPOCH": "6"}
+        args = ("--root", str(fast), "resume", "--framework", "hf", "--durable", str(durable))
+        killed = run("kill-restore", str(boundary), *args, env=env, module="support.tiered_replicator")
+        assert killed.returncode == -9, killed.stderr
+        assert killed.stdout == ""
+        assert entries(str(fast)) == []
+        result = resume(fast, str(durable), "c", 7)
+        restored = fast / "exec" / "a" / "checkpoint-200"
+        assert (result.returncode, result.stdout) == (0, f"{restored}\n"), result.stderr
+        assert files_of(restored) == expected
+        assert entries(str(fast)) == [f"5 200 {restored}"]
+
+
+class TestConcurrentReplicators:
+    def test_two_replicators_at_once_publish_each_entry_once(self, roots: tuple[Path, Path]) -> None:
+        """Two replicator processes race over the same roots: both succeed, every entry is published once,
+        and together they published each exactly once."""
+        fast, durable = roots
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "DISPATCH_"))}
+        env["PYTHONPATH"] = os.pathsep.join([SRC, TESTS])
+        command = [
+            sys.executable,
+            "-m",
+            "ckpt",
+            "--json",
+            "--root",
+            str(fast),
+            "replicate",
+            "--to",
+            str(durable),
+        ]
+        both = [
+            subprocess.Popen([*command, "--once"], stdout=subprocess.PIPE, env=env, text=True)
+            for _ in range(2)
+        ]
+        outputs = [p.communicate(timeout=120)[0] for p in both]
+        assert [p.returncode for p in both] == [0, 0]
+        published = sorted(e["step"] for out in outputs for e in json.loads(out)["published"])
+        assert published == [100, 200]
+        assert entries(str(durable)) == [f"5 {s} {durable}/exec/a/checkpoint-{s}" for s in (100, 200)]
+
+
 class TestCorruption:
     @pytest.mark.parametrize("how", ["flipped-byte", "truncated", "manifest-missing"])
     def test_a_corrupt_durable_copy_is_skipped_and_the_older_one_restored(
