@@ -368,6 +368,49 @@ class TestDurablePrune:
         assert not (durable / "exec" / "a" / "checkpoint-100").exists()
 
 
+class TestFastPrune:
+    @pytest.fixture
+    def pending(self, roots: tuple[Path, Path]) -> tuple[Path, Path]:
+        """Steps 100 and 200 replicated, 300 and 400 published on the fast root only."""
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        for step in (300, 400):
+            publish(fast, 5, step, hf_save(fast, "a", step))
+        return fast, durable
+
+    def steps(self, fast: Path) -> list[str]:
+        return [line.split()[1] for line in entries(str(fast))]
+
+    def test_a_fast_prune_keeps_what_is_not_yet_durable(self, pending: tuple[Path, Path]) -> None:
+        fast, durable = pending
+        result = run("--root", str(fast), "prune", "--keep", "1", "--durable", str(durable))
+        assert result.returncode == 0, result.stderr
+        assert self.steps(fast) == ["300", "400"]
+        assert not (fast / "exec" / "a" / "checkpoint-200").exists()
+        assert (fast / "exec" / "a" / "checkpoint-300").is_dir()
+        assert "(pinned)" not in "".join(entries(str(fast)))  # the prune's own pins are gone
+        assert result.stderr.count("kept, not yet durable") == 2
+
+    def test_dry_run_changes_nothing_and_says_the_same(self, pending: tuple[Path, Path]) -> None:
+        fast, durable = pending
+        result = run("--root", str(fast), "prune", "--keep", "1", "--durable", str(durable), "--dry-run")
+        assert result.returncode == 0, result.stderr
+        removed = [line for line in result.stdout.splitlines() if line.startswith("would remove entry")]
+        assert [line.split()[6] for line in removed] == ["100", "200"]
+        assert self.steps(fast) == ["100", "200", "300", "400"]
+
+    @pytest.mark.parametrize("how", ["force", "no-durable"])
+    def test_force_or_no_durable_prunes_as_usual(self, pending: tuple[Path, Path], how: str) -> None:
+        fast, durable = pending
+        extra = ("--durable", str(durable), "--force") if how == "force" else ()
+        assert run("--root", str(fast), "prune", "--keep", "1", *extra).returncode == 0
+        assert self.steps(fast) == ["400"]
+
+    def test_force_alone_is_a_usage_error(self, pending: tuple[Path, Path]) -> None:
+        fast, _ = pending
+        assert run("--root", str(fast), "prune", "--keep", "1", "--force").returncode == 2
+
+
 # -- S3 -------------------------------------------------------------------------------------------------
 
 

@@ -257,6 +257,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--keep", required=True, help="how many of the latest entries to keep (>= 1)")
     p.add_argument("--keep-every", metavar="K", help="also keep every entry whose step is a multiple of K")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    p.add_argument(
+        "--durable",
+        metavar="DURABLE",
+        help="keep every entry not yet published on this durable root (tiered)",
+    )
+    p.add_argument("--force", action="store_true", help="with --durable: remove entries not yet durable too")
     p.set_defaults(handler=_later("retention", "cmd_prune"), store_command=True)
 
     for name, what in (

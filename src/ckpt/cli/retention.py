@@ -26,11 +26,24 @@ def cmd_prune(ctx: Context) -> int:
     every = ctx.args.keep_every
     keep_every = None if every is None else whole_number(every, "--keep-every", minimum=1)
     store = ctx.store()
+    held: list[Entry] = []
+    if ctx.args.force and ctx.args.durable is None:
+        raise UsageError("--force goes with --durable")
+    if ctx.args.durable is not None and not ctx.args.force:  # spec/tiered.md §7.1
+        pending = _not_yet_durable(ctx, store, ctx.args.durable)
+        keep = max(keep, len(pending))  # they are the greatest entries: the dry run sees them kept too
+        for entry in pending:
+            ctx.warn(f"kept, not yet durable: {store.location(entry)}")
+            if not ctx.args.dry_run and _pin(store, entry):
+                held.append(entry)  # pinned by this prune only, for its duration
     try:
         result = store.prune(keep, keep_every=keep_every, dry_run=ctx.args.dry_run)
     except PruneIncompleteError as exc:
         _say_what_was_left(ctx, store, exc)
         raise  # the error line and exit 1 (cli.md §7.3)
+    finally:
+        for entry in held:
+            store.unpin(entry)
     if ctx.json:
         print_json(prune_document(store, result), ctx.stdout)
         return EXIT_OK
@@ -46,6 +59,24 @@ def cmd_prune(ctx: Context) -> int:
     if not (result.removed_entries or result.removed_folders or result.skipped or result.restored):
         ctx.say("nothing to prune")
     return EXIT_OK
+
+
+def _not_yet_durable(ctx: Context, store: WatchStore, durable: str) -> list[Entry]:
+    """The entries greater than the durable root's greatest: those a replicator has still to copy
+    (spec/tiered.md §2.1, §7.1)."""
+    from ckpt.cli.replicate import open_tier
+
+    durable_store = open_tier(ctx, durable)[2]
+    newest = max(durable_store.entries(), default=None)
+    return [entry for entry in store.entries() if newest is None or entry > newest]
+
+
+def _pin(store: WatchStore, entry: Entry) -> bool:
+    """Pin ``entry`` for the prune; False when it was pinned already (or is gone)."""
+    try:
+        return store.pin(entry)
+    except NotFoundError:
+        return False
 
 
 def _removal_lines(
