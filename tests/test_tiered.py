@@ -7,6 +7,7 @@ boundary and rerun; durable files are corrupted; a zombie's older-epoch save is 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,8 +20,10 @@ import boto3
 import pytest
 
 import ckpt
+from ckpt.adapters.s3 import BucketSettings, S3Store, make_s3_client
 from ckpt.domain.manifest import MANIFEST_NAME, Listed, decode_manifest, verify_listing
-from support.s3 import new_bucket_name
+from support.rgw import KMS_KEY_ID, STORAGE_CLASS
+from support.s3 import FAKE_ENV, http_settings, new_bucket_name, raw_client
 
 SRC = str(Path(ckpt.__file__).resolve().parents[1])
 TESTS = str(Path(__file__).resolve().parent)
@@ -505,3 +508,127 @@ class TestReplicateS3:
         older = fast / "exec" / "a" / "checkpoint-100"
         assert (result.returncode, result.stdout) == (0, f"{older}\n"), result.stderr
         assert f"skipped {root}/exec/a/checkpoint-200: file 'model.safetensors' has sha256" in result.stderr
+
+
+# -- S3 bucket settings (layout.md §9.1) ---------------------------------------------------------------------
+
+KMS_ARN = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+OWNER = "123456789012"  # moto's account: it owns every bucket moto creates
+SECURE = {"sse": "aws:kms", "sse_kms_key_id": KMS_ARN, "storage_class": "STANDARD_IA"}
+_SSE_HEADERS = {
+    "x-amz-server-side-encryption": "aws:kms",
+    "x-amz-server-side-encryption-aws-kms-key-id": KMS_ARN,
+    "x-amz-storage-class": "STANDARD_IA",
+}
+_CREATES = {"PutObject", "CreateMultipartUpload"}  # the requests that create an object
+
+
+def secure_config(path: Path, endpoint: str, **settings: str) -> str:
+    """``s3_config`` with the bucket settings ``settings`` added to its ``[s3]`` table."""
+    s3_config(path, endpoint)
+    lines = path.read_text().split("\n")
+    lines[1:1] = [f'{key} = "{value}"' for key, value in settings.items()]
+    path.write_text("\n".join(lines))
+    return str(path)
+
+
+def heads_under(client: Any, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
+    """The ``HeadObject`` answer of every object under ``prefix``, by key relative to it."""
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return {o["Key"][len(prefix) :]: client.head_object(Bucket=bucket, Key=o["Key"]) for o in listed}
+
+
+class TestS3BucketSettings:
+    def test_every_request_on_the_durable_root_carries_the_settings(
+        self, moto_server: str, tmp_path: Path
+    ) -> None:
+        """Through the ``DurableFiles`` port: a multipart upload, a single-part one and the manifest are
+        created with aws:kms, the key and STANDARD_IA (HeadObject by another client shows them); only the
+        requests that create an object carry those, and every request, parts, heads, listing and
+        downloads included, carries the expected owner (headers recorded on the wire)."""
+        looker = raw_client(moto_server)
+        bucket = new_bucket_name()
+        looker.create_bucket(Bucket=bucket)
+        config = http_settings(moto_server, expected_bucket_owner=OWNER, **SECURE)
+        client = make_s3_client(config, environ=FAKE_ENV)
+        sent: list[tuple[str, dict[str, str]]] = []
+
+        def record(request: Any, event_name: str, **_: Any) -> None:
+            headers = {
+                k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()
+            }
+            sent.append((event_name.rsplit(".", 1)[-1], headers))
+
+        client.meta.events.register_first("before-send.s3", record)
+        store = S3Store(f"s3://{bucket}/tiers", client, settings=BucketSettings.from_s3_settings(config.s3))
+        files = store.durable_files()
+        save = "exec/a/checkpoint-100"
+        big, small = tmp_path / "big", tmp_path / "small"
+        big.write_bytes(bytes(i % 251 for i in range(9 << 20)))  # two 8 MiB parts: a multipart upload
+        small.write_bytes(b"shard")
+        for local, name in ((big, "model.safetensors"), (small, "sub/shard.bin")):
+            data = local.read_bytes()
+            files.put(str(local), save, name, hashlib.sha256(data).hexdigest(), len(data))
+        files.write_small(save, MANIFEST_NAME, b"{}")
+        assert files.read_small(save, MANIFEST_NAME) == b"{}"
+        assert [item.path for item in files.listing(save) or []] == [
+            MANIFEST_NAME,
+            "model.safetensors",
+            "sub/shard.bin",
+        ]
+        files.fetch(save, "model.safetensors", str(tmp_path / "back"))
+        assert (tmp_path / "back").read_bytes() == big.read_bytes()
+
+        heads = heads_under(looker, bucket, f"tiers/{save}/")
+        assert sorted(heads) == [MANIFEST_NAME, "model.safetensors", "sub/shard.bin"]
+        assert heads["model.safetensors"]["ETag"].strip('"').endswith("-2")
+        for key, head in heads.items():
+            got = (head.get("ServerSideEncryption"), head.get("SSEKMSKeyId"), head.get("StorageClass"))
+            assert got == ("aws:kms", KMS_ARN, "STANDARD_IA"), key
+        operations = {operation for operation, _ in sent}
+        assert {"CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload", "PutObject"} <= operations
+        assert {"HeadObject", "GetObject", "ListObjectsV2"} <= operations
+        for operation, headers in sent:
+            assert headers.get("x-amz-expected-bucket-owner") == OWNER, operation
+            for name, value in _SSE_HEADERS.items():
+                assert (headers.get(name) == value) is (operation in _CREATES), (operation, name)
+
+    def test_replicate_and_resume_carry_the_settings_of_the_configuration(
+        self, s3_server: str, s3_server_kind: str, tmp_path: Path, request: pytest.FixtureRequest
+    ) -> None:
+        """``ckpt replicate`` with the ``[s3]`` settings of a secure bucket writes every file, the manifest
+        and the entry encrypted with the KMS key in the class asked for (HeadObject shows them), and
+        ``ckpt resume --durable`` restores from it. On Ceph RGW: its KMS test key and its class COLD
+        (support.rgw; RGW ignores the expected owner, so it is not set there)."""
+        if s3_server_kind == "rgw":
+            request.getfixturevalue("rgw_server").add_key(*KEYS.values())
+            settings = {"sse": "aws:kms", "sse_kms_key_id": KMS_KEY_ID, "storage_class": STORAGE_CLASS}
+        else:
+            settings = {**SECURE, "expected_bucket_owner": OWNER}
+        looker = raw_client(s3_server)
+        bucket = new_bucket_name()
+        looker.create_bucket(Bucket=bucket)
+        root = f"s3://{bucket}/tiers"
+        config = secure_config(tmp_path / "ckpt.toml", s3_server, **settings)
+        fast = tmp_path / "fast"
+        save = hf_save(fast, "a", 100, size=9 << 20)  # model.safetensors goes up in two parts
+        publish(fast, 5, 100, save)
+        result = run("--config", config, "--root", str(fast), "replicate", "--to", root, "--once")
+        assert result.returncode == 0, result.stderr
+
+        heads = heads_under(looker, bucket, "tiers/")
+        prefix = "exec/a/checkpoint-100/"
+        written = {prefix + name for name in ("model.safetensors", "sub/shard.bin", "trainer_state.json")}
+        assert written | {prefix + MANIFEST_NAME} <= set(heads)
+        assert any(key.startswith("pub/") for key in heads), sorted(heads)
+        assert heads[prefix + "model.safetensors"]["ETag"].strip('"').endswith("-2")
+        wanted = (settings["sse"], settings["sse_kms_key_id"], settings["storage_class"])
+        for key, head in heads.items():
+            got = (head.get("ServerSideEncryption"), head.get("SSEKMSKeyId"), head.get("StorageClass"))
+            assert got == wanted, key
+
+        expected = files_of(save)
+        shutil.rmtree(fast)
+        result = resume(fast, root, "b", 6, "--config", config)
+        assert (result.returncode, result.stdout) == (0, f"{save}\n"), result.stderr
+        assert files_of(save) == expected

@@ -12,13 +12,18 @@ Rules:
    managed download; small files (the manifest) one ``PutObject`` or ``GetObject``.
 4. Every failure is a ``ckpt`` error (``s3_errors``); a failed managed upload, which boto3 reports in its
    own exception, is a ``StorageError`` naming the object.
+5. Every request carries the root's bucket settings (docs/spec/layout.md §9.1), from the root's
+   :class:`~ckpt.adapters.s3.objects.Bucket`: the managed upload's ``extra_args`` hold
+   ``BucketSettings.write_params`` (boto3 hands the encryption, KMS key, class and owner to the
+   ``PutObject`` or ``CreateMultipartUpload``, and the owner to every part and the completion), the manifest
+   goes through ``Bucket.put_object``, and the heads, listings, reads and the managed download carry
+   ``ExpectedBucketOwner``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ckpt.adapters.s3.errors import MISSING_OBJECT_CODES, botocore_errors, client_error_code
 from ckpt.adapters.s3.objects import Bucket
 from ckpt.domain.errors import StorageError
 from ckpt.domain.manifest import MAX_MANIFEST_BYTES, Listed
@@ -32,7 +37,7 @@ _MiB = 1 << 20
 
 
 class S3DurableFiles:
-    """The ``DurableFiles`` port over one S3 root (rules 1-4)."""
+    """The ``DurableFiles`` port over one S3 root (rules 1-5)."""
 
     __slots__ = ("_bucket", "_concurrency", "_part_size", "_transfer")
 
@@ -59,15 +64,9 @@ class S3DurableFiles:
         return self._bucket.key(f"{save}/{path}")
 
     def stored(self, save: str, path: str) -> Stored | None:
-        key = self._key(save, path)
-        errors = botocore_errors()
-        with self._bucket.errors("read", self._bucket.url(key)):
-            try:
-                head = self._bucket.client.head_object(Bucket=self._bucket.root.bucket, Key=key)
-            except errors.ClientError as exc:
-                if client_error_code(exc)[0] in MISSING_OBJECT_CODES:
-                    return None
-                raise
+        head = self._bucket.head_answer(self._key(save, path), action="read")
+        if head is None:
+            return None
         metadata = head.get("Metadata") or {}
         digest = metadata.get(DIGEST_METADATA)
         return Stored(int(head.get("ContentLength", -1)), digest if isinstance(digest, str) else None)
@@ -77,8 +76,12 @@ class S3DurableFiles:
 
         key = self._key(save, path)
         url = self._bucket.url(key)
-        extra = {"ChecksumAlgorithm": CHECKSUM_ALGORITHM, "Metadata": {DIGEST_METADATA: sha256}}
-        with self._bucket.errors("upload", url):
+        extra = {
+            "ChecksumAlgorithm": CHECKSUM_ALGORITHM,
+            "Metadata": {DIGEST_METADATA: sha256},
+            **self._bucket.settings.write_params(),  # rule 5
+        }
+        with self._bucket.errors("upload", url, write=True):
             try:
                 self._s3transfer().upload_file(local_path, self._bucket.root.bucket, key, extra_args=extra)
             except S3UploadFailedError as exc:
@@ -94,7 +97,9 @@ class S3DurableFiles:
     def fetch(self, save: str, path: str, local_path: str) -> None:
         key = self._key(save, path)
         with self._bucket.errors("download", self._bucket.url(key)):
-            self._s3transfer().download_file(self._bucket.root.bucket, key, local_path)
+            self._s3transfer().download_file(
+                self._bucket.root.bucket, key, local_path, extra_args=self._bucket.settings.request_params()
+            )
 
     def listing(self, save: str) -> list[Listed] | None:
         prefix = self._bucket.key(f"{save}/")
@@ -111,7 +116,5 @@ class S3DurableFiles:
 
     def write_small(self, save: str, path: str, data: bytes) -> None:
         key = self._key(save, path)
-        with self._bucket.errors("write", self._bucket.url(key)):
-            self._bucket.client.put_object(
-                Bucket=self._bucket.root.bucket, Key=key, Body=data, ChecksumAlgorithm=CHECKSUM_ALGORITHM
-            )
+        with self._bucket.errors("write", self._bucket.url(key), write=True):
+            self._bucket.put_object(key, data, ChecksumAlgorithm=CHECKSUM_ALGORITHM)  # rule 5
