@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import ckpt
 from ckpt.adapters.s3 import BucketSettings, S3Store, make_s3_client
 from ckpt.domain.manifest import MANIFEST_NAME, Listed, decode_manifest, verify_listing
 from support.rgw import KMS_KEY_ID, STORAGE_CLASS
-from support.s3 import FAKE_ENV, http_settings, new_bucket_name, raw_client
+from support.s3 import FAKE_ENV, http_settings, new_bucket_name, raw_client, serve_moto
 
 SRC = str(Path(ckpt.__file__).resolve().parents[1])
 TESTS = str(Path(__file__).resolve().parent)
@@ -547,6 +548,29 @@ def heads_under(client: Any, bucket: str, prefix: str) -> dict[str, dict[str, An
     return {o["Key"][len(prefix) :]: client.head_object(Bucket=bucket, Key=o["Key"]) for o in listed}
 
 
+DENY_UNENCRYPTED = {  # AWS's documented "refuse a PutObject without server-side encryption"
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": "s3:PutObject",
+            "Resource": "arn:aws:s3:::{bucket}/*",
+            "Condition": {"Null": {"s3:x-amz-server-side-encryption": "true"}},
+        }
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def secure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """moto's server judging a bucket policy on the request's encryption header
+    (``support.secure_moto_server``)."""
+    log = tmp_path_factory.mktemp("secure-moto") / "server.log"
+    with serve_moto(log, module="support.secure_moto_server", cwd=TESTS) as endpoint:
+        yield endpoint
+
+
 class TestS3BucketSettings:
     def test_every_request_on_the_durable_root_carries_the_settings(
         self, moto_server: str, tmp_path: Path
@@ -641,3 +665,31 @@ class TestS3BucketSettings:
         result = resume(fast, root, "b", 6, "--config", config)
         assert (result.returncode, result.stdout) == (0, f"{save}\n"), result.stderr
         assert files_of(save) == expected
+
+    def test_a_bucket_that_requires_encryption_refuses_an_unencrypted_copy_naming_the_sse_key(
+        self, secure_server: str, tmp_path: Path
+    ) -> None:
+        """Under the deny-unencrypted policy ``ckpt replicate`` without ``sse`` exits 1, its error naming
+        ``[s3] sse`` (the upload's refusal carries the settings' hint, layout.md §9.2) and the entry not yet
+        durable, no secret shown; with ``sse`` in the file the same replication succeeds."""
+        looker = raw_client(secure_server)
+        bucket = new_bucket_name()
+        looker.create_bucket(Bucket=bucket)
+        policy = json.dumps(DENY_UNENCRYPTED).replace("{bucket}", bucket)
+        looker.put_bucket_policy(Bucket=bucket, Policy=policy)
+        root = f"s3://{bucket}/tiers"
+        fast = tmp_path / "fast"
+        save = hf_save(fast, "a", 100)
+        publish(fast, 5, 100, save)
+        args = ("--root", str(fast), "replicate", "--to", root, "--once")
+        refused = run("--config", s3_config(tmp_path / "plain.toml", secure_server), *args)
+        assert refused.returncode == 1, refused.stderr
+        assert "cannot upload s3://" in refused.stderr
+        assert "the bucket may require server-side encryption: set [s3] sse" in refused.stderr
+        assert f"ckpt: not yet durable: {save}" in refused.stderr
+        assert KEYS["AWS_SECRET_ACCESS_KEY"] not in refused.stderr
+        assert entries(root, "--config", str(tmp_path / "plain.toml")) == []
+        config = secure_config(tmp_path / "sse.toml", secure_server, sse="AES256")
+        replicated = run("--config", config, *args)
+        assert replicated.returncode == 0, replicated.stderr
+        assert entries(root, "--config", config) == [f"5 100 {root}/exec/a/checkpoint-100"]

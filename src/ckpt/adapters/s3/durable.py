@@ -11,7 +11,8 @@ Rules:
 3. ``stored`` is one ``HeadObject``; ``listing`` one recursive ``ListObjectsV2`` (sizes only); ``fetch`` the
    managed download; small files (the manifest) one ``PutObject`` or ``GetObject``.
 4. Every failure is a ``ckpt`` error (``s3_errors``); a failed managed upload, which boto3 reports in its
-   own exception, is a ``StorageError`` naming the object.
+   own exception, is translated from the ``ClientError`` it hides (so a refusal carries the settings'
+   hints, layout.md §9.2), else a ``StorageError`` naming the object.
 5. Every request carries the root's bucket settings (docs/spec/layout.md §9.1), from the root's
    :class:`~ckpt.adapters.s3.objects.Bucket`: the managed upload's ``extra_args`` hold
    ``BucketSettings.write_params`` (boto3 hands the encryption, KMS key, class and owner to the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckpt.adapters.s3.errors import botocore_errors
 from ckpt.adapters.s3.objects import Bucket
 from ckpt.domain.errors import StorageError
 from ckpt.domain.manifest import MAX_MANIFEST_BYTES, Listed
@@ -85,6 +87,9 @@ class S3DurableFiles:
             try:
                 self._s3transfer().upload_file(local_path, self._bucket.root.bucket, key, extra_args=extra)
             except S3UploadFailedError as exc:
+                refused = exc.__context__  # boto3 raises it while handling the request's ClientError
+                if isinstance(refused, botocore_errors().ClientError):
+                    raise refused from None  # the boundary translates it, with the settings' hints
                 raise StorageError(f"cannot upload {url}: {exc}", location=url) from None
         stored = self.stored(save, path)  # rule 2
         if stored is None or stored.size != size or stored.sha256 != sha256:
