@@ -109,11 +109,7 @@ class S3DurableFiles:
     def listing(self, save: str) -> list[Listed] | None:
         prefix = self._bucket.key(f"{save}/")
         objects = self._bucket.objects(prefix, action="list the save")
-        found = [
-            Listed(obj["Key"][len(prefix) :], int(obj["Size"]))
-            for obj in objects
-            if not obj["Key"].endswith("/")
-        ]
+        found = [Listed(key[len(prefix) :], size) for key, size in objects if not key.endswith("/")]
         return sorted(found, key=lambda item: item.path) if found else None
 
     def read_small(self, save: str, path: str) -> bytes | None:
