@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from ckpt.domain.arguments import require_instance, require_str
 from ckpt.domain.errors import InvalidError
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from ckpt.creds.model import Source
     from ckpt.domain.ports import WatchStore
 
-__all__ = ["open_store"]
+__all__ = ["Tiers", "open_store", "open_tiers"]
 
 
 def open_store(
@@ -69,3 +71,38 @@ def open_store(
     from ckpt.adapters.posix import PosixStore
 
     return PosixStore(root)
+
+
+@attrs.frozen
+class Tiers:
+    """The two roots of the tiered mode (docs/spec/tiered.md §1): each store with its tier files."""
+
+    fast: WatchStore = attrs.field(eq=False)
+    fast_files: Any = attrs.field(eq=False)  # ckpt.domain.tiered_ports.FastFiles
+    durable: WatchStore = attrs.field(eq=False)
+    durable_files: Any = attrs.field(eq=False)  # ckpt.domain.tiered_ports.DurableFiles
+
+
+def open_tiers(fast: WatchStore, durable: WatchStore) -> Tiers:
+    """Pair a fast root with its durable root (spec/tiered.md §1.1), or raise ``InvalidError`` naming them.
+
+    The fast root MUST be a POSIX root; the durable root is an S3 root or another POSIX root that is not the
+    fast root, not inside it and does not contain it (compared after resolving symbolic links).
+    """
+    from ckpt.adapters.posix import PosixStore
+    from ckpt.adapters.posix.tiered import PosixTierFiles
+
+    if not isinstance(fast, PosixStore):
+        raise InvalidError(f"the fast root {fast.root!r} must be an absolute POSIX path")
+    files: Any
+    if isinstance(durable, PosixStore):
+        a, b = os.path.realpath(fast.root), os.path.realpath(durable.root)
+        if a == b or b.startswith(a.rstrip("/") + "/") or a.startswith(b.rstrip("/") + "/"):
+            raise InvalidError(
+                f"the durable root {durable.root!r} must not be the fast root {fast.root!r}, inside it or "
+                "contain it"
+            )
+        files = PosixTierFiles(durable.root)
+    else:
+        files = durable.durable_files()  # type: ignore[attr-defined]
+    return Tiers(fast, PosixTierFiles(fast.root), durable, files)

@@ -69,7 +69,7 @@ def main() -> None:
         futures.append(saver.async_save({"model": model.state_dict()}, step))
     for future in futures:
         future.result()
-    saver.wait()
+    saver.close()  # waits for the publications, then (with a durable root) for their replication
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:

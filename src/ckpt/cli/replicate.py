@@ -22,7 +22,6 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 from typing import Any
 
@@ -51,28 +50,15 @@ def register(commands: Any) -> None:
 
 
 def open_tier(ctx: Any, durable: str) -> tuple[Any, Any, Any, Any]:
-    """The fast store and files, and the durable store and files (rule 1)."""
-    from ckpt.adapters.posix import PosixStore
-    from ckpt.adapters.posix.tiered import PosixTierFiles
-    from ckpt.store import open_store
+    """The fast store and files, and the durable store and files (rule 1; ``ckpt.store.open_tiers``)."""
+    from ckpt.store import open_store, open_tiers
 
-    fast = ctx.store()
-    if not isinstance(fast, PosixStore):
-        raise InvalidError(f"the fast root {fast.root!r} must be an absolute POSIX path")
     if not durable:
         raise InvalidError("--to is empty: give the durable root")
+    fast = ctx.store()
     config = ctx.config() if ctx.args.config or ctx.environ.get("CKPT_CONFIG") else None
-    store = open_store(durable, config=config, environ=ctx.environ)
-    if isinstance(store, PosixStore):
-        a, b = os.path.realpath(fast.root), os.path.realpath(store.root)
-        if a == b or b.startswith(a.rstrip("/") + "/") or a.startswith(b.rstrip("/") + "/"):
-            raise InvalidError(
-                f"--to {durable!r} must not be the fast root {fast.root!r}, inside it or contain it"
-            )
-        files: Any = PosixTierFiles(store.root)
-    else:
-        files = store.durable_files()  # type: ignore[attr-defined]
-    return fast, PosixTierFiles(fast.root), store, files
+    tiers = open_tiers(fast, open_store(durable, config=config, environ=ctx.environ))
+    return tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files
 
 
 def _handle(ctx: Any) -> int:

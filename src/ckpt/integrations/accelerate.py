@@ -40,7 +40,7 @@ import json
 from typing import Any
 
 from ckpt.application.rulebook import find_rule
-from ckpt.domain.entries import parse_step
+from ckpt.domain.entries import Entry, parse_step
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.ports import WritesSmallFiles
 from ckpt.domain.rules.accelerate import MANIFEST
@@ -98,6 +98,11 @@ class CkptAccelerate:
         self.accelerator.save_state(output_dir=location, **options)
         self.publisher.publish(int(step), location)
         return location
+
+    def close(self) -> tuple[Entry, ...]:
+        """End the job's replication to its durable root, if it has one (``ckpt.integrations.core`` rule 7),
+        once every published save is durable; returns what is still not durable."""
+        return self.publisher.close()
 
     def resume_location(self, *, catch_up: bool = True) -> str | None:
         """Catch up earlier executions, then the newest published save the ``accelerate`` rule finds

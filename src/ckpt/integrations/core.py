@@ -29,6 +29,14 @@ Rules (docs/adr/0010-in-process-publish-policy.md says why):
    answer to the other ranks when ``torch.distributed`` is initialised, so every rank resumes from the same
    save. This module never imports a framework: it looks at ``torch.distributed`` only if the program has
    already imported it.
+7. Tiered mode (spec/tiered.md §9): ``durable=`` (else ``CKPT_DURABLE``) names a durable root, opened with
+   the job's configuration and paired with the job's root (``ckpt.store.open_tiers``: the root must be a
+   POSIX path, the durable root neither it nor inside it) when the job is opened: an ``InvalidError`` then,
+   never at the first save. A missing root is then created (a new node, or one that lost its disk). The
+   main process's publisher runs a ``BackgroundReplicator`` (``ckpt.integrations.replicator``), woken after
+   each publication, and :meth:`Publisher.close` ends it; ``resume_location`` restores the durable root's
+   newest verified save when it is newer than the root's own (spec/tiered.md §6), on the main process, and
+   every rank gets its fast location.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ from ckpt.domain.room import longest_name, require_room, require_rule_room
 if TYPE_CHECKING:
     from ckpt.domain.ports import WatchStore
     from ckpt.domain.rules import Rule
+    from ckpt.integrations.replicator import BackgroundReplicator
+    from ckpt.store import Tiers
 
 __all__ = [
     "Job",
@@ -76,6 +86,7 @@ class Job:
     epoch: int
     attempt: str
     world_size: int | None = None
+    tiers: Tiers | None = attrs.field(default=None, eq=False)  # with a durable root (rule 7)
 
     def run_world_size(self) -> int | None:
         """This run's world size (rule 4): ``world_size``, else ``torch.distributed``'s, else ``None``."""
@@ -108,11 +119,14 @@ def open_job(
     environ: Mapping[str, str] | None = None,
     store: WatchStore | None = None,
     world_size: int | None = None,
+    durable: str | None = None,
 ) -> Job:
     """Gather the job's settings (rule 1) and open its store; ``InvalidError`` names what is missing.
 
     ``store`` replaces ``root``/``config`` (for tests with ``ckpt.testing.InMemoryStore``). ``world_size``
     (else ``WORLD_SIZE`` when set and non-empty) is this run's number of processes, recorded (rule 4).
+    ``durable`` (else ``CKPT_DURABLE`` when set and non-empty) is the tiered mode's durable root, opened with
+    the same configuration (rule 7).
     """
     env = os.environ if environ is None else environ
     size = None if world_size is None else validate_world_size(world_size)
@@ -132,22 +146,33 @@ def open_job(
     if attempt is None:
         raise InvalidError("no attempt: pass attempt= or set DISPATCH_ATTEMPT")
     validate_attempt(attempt)
+    config_path = config or env.get("CKPT_CONFIG") or None
+    loaded = None
+    if config_path and (store is None or durable is not None or env.get("CKPT_DURABLE")):
+        from ckpt.config import load_config
+
+        loaded = load_config(config_path)
     if store is None:
         from ckpt.store import open_store
 
-        config_path = config or env.get("CKPT_CONFIG") or None
-        loaded = None
-        if config_path:
-            from ckpt.config import load_config
-
-            loaded = load_config(config_path)
         root = root or env.get("CKPT_ROOT") or (loaded.root if loaded is not None else None)
         if not root:
             raise InvalidError(
                 "no checkpoint root: pass root=, set CKPT_ROOT, or set root in the config file"
             )
         store = open_store(str(root), config=loaded, environ=env)
-    return Job(store, number, attempt, size)
+    tiers = None
+    durable = durable if durable is not None else env.get("CKPT_DURABLE") or None
+    if durable is not None:  # rule 7: checked now, not at the first save
+        from ckpt.store import open_store, open_tiers
+
+        if not durable:
+            raise InvalidError("durable= is empty: give the durable root, or leave it out")
+        tiers = open_tiers(store, open_store(durable, config=loaded, environ=env))
+        from ckpt.adapters.posix.tiered import make_dirs
+
+        make_dirs(tiers.fast.root)  # a new node, or one that lost its disk (spec/tiered.md §6.5)
+    return Job(store, number, attempt, size, tiers)
 
 
 def distributed() -> Any | None:
@@ -197,8 +222,13 @@ class Publisher:
         self.on_published = on_published
         self.pending: list[_Pending] = []  # saves whose publication failed, retried first (rule 3)
         self._lock = threading.Lock()  # async saves publish from their executor's thread
+        self.replicator: BackgroundReplicator | None = None
         if self.is_main:
             self._record_epoch()
+            if job.tiers is not None:  # rule 7: the copy to the durable root runs in its own thread
+                from ckpt.integrations.replicator import BackgroundReplicator
+
+                self.replicator = BackgroundReplicator(job.tiers)
 
     def __repr__(self) -> str:
         return f"Publisher({self.job.store!r}, epoch={self.job.epoch}, attempt={self.job.attempt!r})"
@@ -232,7 +262,18 @@ class Publisher:
     def publish_now(self, step: int, location: str) -> Entry | None:
         """Publish without a barrier, for a caller that knows every rank is done (an async save's future)."""
         with self._lock:
-            return self._publish_pending(step, location)
+            published = self._publish_pending(step, location)
+        if self.replicator is not None:
+            self.replicator.wake()  # rule 7: returns at once; the copy runs in the replicator's thread
+        return published
+
+    def close(self, *, drain: bool = True) -> tuple[Entry, ...]:
+        """End the job's replication (rule 7): finish copying what is pending (``drain``), or stop after the
+        file being copied; return the entries still not durable (each logged). Without a durable root, or
+        on a process that does not publish, nothing to do. Call it on every rank when training ends."""
+        if self.replicator is None:
+            return ()
+        return self.replicator.close(drain=drain)
 
     def _publish_pending(self, step: int, location: str) -> Entry | None:
         self.pending.append(_Pending(step, location))
@@ -308,6 +349,7 @@ def resume_location(
     def compute() -> str | None:
         from ckpt.catchup import resume
 
+        tiers = the_job.tiers
         resumed = resume(
             the_job.store,
             rule,
@@ -318,7 +360,19 @@ def resume_location(
             run_world_size=the_job.run_world_size(),
             sub_folder=sub,
         )
-        return resumed.location
+        if tiers is None:
+            return resumed.location
+        from ckpt.application.replication import restore_newer
+
+        outcome = restore_newer(
+            tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files, rule, than=resumed.entry
+        )
+        for entry, reason in outcome.skipped:
+            _log.warning("skipped %s: %s", tiers.durable.location(entry), reason)
+        if outcome.entry is None:
+            return resumed.location
+        _log.info("restored %s from %s", outcome.location, tiers.durable.location(outcome.entry))
+        return outcome.location
 
     return on_main_then_broadcast(compute)
 

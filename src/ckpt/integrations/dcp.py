@@ -129,6 +129,12 @@ class CkptDCP:
         self._publishing = [p for p in self._publishing if not p.done()]
         return entries
 
+    def close(self) -> tuple[Entry, ...]:
+        """Wait for the scheduled publications (:meth:`wait`), then end the job's replication to its durable
+        root, if it has one (``ckpt.integrations.core`` rule 7): returns what is still not durable."""
+        self.wait()
+        return self.publisher.close()
+
 
 def _publish_on_success(
     publisher: Publisher, step: int, location: str, published: Future[Entry | None]

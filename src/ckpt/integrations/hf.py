@@ -24,6 +24,9 @@ Rules (from transformers' source, docs/integrations/hf.md):
    after the barrier of its first save, while the others wait in the next collective.
 5. The Trainer's own rotation (``save_total_limit``) may delete a published folder; the verified resolve
    passes over it, but set ``save_total_limit=None`` and prune with ``ckpt prune`` instead.
+6. With a durable root (``durable=`` or ``CKPT_DURABLE``, ``ckpt.integrations.core`` rule 7) each published
+   save is copied in the background, ``on_train_end`` waits until every published save is durable, and
+   ``resume_location`` restores the durable root's newest verified save when the local root lacks it.
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ class CkptCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]  # Any 
         """Wait for every rank, then publish ``checkpoint-<global_step>`` from the main process (rule 1)."""
         location = f"{self.saves_location.rstrip('/')}/checkpoint-{state.global_step}"
         self._publisher(state).publish(int(state.global_step), location)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """With a durable root, wait until every published save is durable (rule 6)."""
+        if self.publisher is not None:
+            self.publisher.close()
 
 
 def resume_location(args: Any = None, *, settle: float | None = None, **settings: Any) -> str | None:

@@ -156,6 +156,12 @@ class CkptModelCheckpoint(ModelCheckpoint):  # type: ignore[misc,unused-ignore] 
                 "AsyncCheckpointIO publishes nothing when a write ends: use CkptAsyncCheckpointIO"
             )
 
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """After fitting, wait until every published save is durable, with a durable root (core rule 7)."""
+        super().teardown(trainer, pl_module, stage)
+        if stage == "fit" and self.publisher is not None:
+            self.publisher.close()
+
     def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
         """Save (ending with Lightning's barrier), then publish on the global main process (rules 1, 3)."""
         super()._save_checkpoint(trainer, filepath)

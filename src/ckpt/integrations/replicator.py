@@ -1,0 +1,124 @@
+"""The in-process replicator: the tiered mode's copy to the durable root, off the training thread.
+
+Rules (docs/spec/tiered.md §9):
+
+1. One :class:`BackgroundReplicator` per job with a durable root, on the main process only (the one that
+   publishes). It runs replication passes (``ckpt.application.replication.replicate``, spec/tiered.md §2)
+   in one daemon thread: one pass when it starts (what an earlier execution published and never made
+   durable), then one each time it is woken.
+2. :meth:`~BackgroundReplicator.wake` is what the training side pays per save: it sets an event and
+   returns; no file is read and no request is sent on the caller's thread.
+3. A pass that fails (storage, verification, a log that cannot be read) is logged with what is not yet
+   durable, and tried again after ``retry_seconds`` or at the next wake, whichever comes first.
+4. :meth:`~BackgroundReplicator.close` (the integrations call it when training ends; also run at the
+   interpreter's normal exit) lets the thread finish what is pending, then stops it. With ``drain=False``
+   it stops after the file being copied and publishes nothing more. Either way each fast entry still not
+   durable is one ``not yet durable`` warning: a SIGKILL or a lost node loses only what those lines name,
+   and the next execution's replicator (or ``ckpt replicate``) copies them while the fast root holds them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+
+from ckpt.application.replication import Replicated, replicate
+from ckpt.domain.entries import Entry
+from ckpt.domain.errors import CkptError
+from ckpt.store import Tiers
+
+__all__ = ["BackgroundReplicator"]
+
+_log = logging.getLogger("ckpt.integrations")
+
+RETRY_SECONDS = 30.0
+
+
+class BackgroundReplicator:
+    """Replicates the fast root's published saves to the durable root in a background thread (rules 1-4)."""
+
+    def __init__(self, tiers: Tiers, *, retry_seconds: float = RETRY_SECONDS) -> None:
+        self.tiers = tiers
+        self.retry_seconds = retry_seconds
+        self.published: list[Entry] = []  # durable entries this replicator created, in order
+        self.last: Replicated | None = None  # the last pass's outcome
+        self.failure: str | None = None  # the last pass's failure, None once a pass succeeds
+        self._wake = threading.Event()
+        self._stop = threading.Event()  # stop after the file being copied
+        self._draining = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="ckpt-replicator", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def __repr__(self) -> str:
+        return f"BackgroundReplicator({self.tiers.fast!r} -> {self.tiers.durable!r})"
+
+    def wake(self) -> None:
+        """Ask for a pass soon (rule 2): returns at once."""
+        self._wake.set()
+
+    def close(self, *, drain: bool = True) -> tuple[Entry, ...]:
+        """Finish what is pending (``drain``) or stop after the file being copied, then end the thread.
+
+        Returns the fast entries still not durable, each also logged as a warning (rule 4). Idempotent.
+        """
+        atexit.unregister(self.close)
+        with self._lock:
+            self._draining = True
+        if not drain:
+            self._stop.set()
+        self._wake.set()
+        self._thread.join()
+        pending = self.pending()
+        for entry in pending:
+            _log.warning("not yet durable: %s", self.tiers.fast.location(entry))
+        return pending
+
+    def pending(self) -> tuple[Entry, ...]:
+        """The fast entries greater than the durable root's greatest (spec/tiered.md §2.1), as now listed."""
+        try:
+            newest = max(self.tiers.durable.entries(), default=None)
+            return tuple(e for e in sorted(self.tiers.fast.entries()) if newest is None or e > newest)
+        except CkptError as exc:
+            _log.error("cannot tell which entries are not yet durable: %s", exc)
+            return self.last.pending if self.last is not None else ()
+
+    def _run(self) -> None:
+        retry = False
+        first = True
+        while True:
+            if not first:
+                self._wake.wait(self.retry_seconds if retry else None)
+            first = False
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            with self._lock:
+                draining = self._draining
+            retry = not self._pass()
+            if draining:  # begun after close(): it saw every entry published before close() (rule 4)
+                return
+
+    def _pass(self) -> bool:
+        tiers = self.tiers
+        try:
+            outcome = replicate(
+                tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files, stop=self._stop.is_set
+            )
+        except CkptError as exc:  # rule 3: the logs could not be read
+            self.failure = str(exc)
+            _log.error("replication failed (will retry): %s", exc)
+            return False
+        self.last = outcome
+        self.published += outcome.published
+        for entry in outcome.published:
+            _log.info("durable: %s", tiers.durable.location(entry))
+        for entry, reason in outcome.passed:
+            _log.warning("passed over %s: %s", tiers.fast.location(entry), reason)
+        self.failure = outcome.failure
+        if outcome.failure is not None:
+            _log.error("replication failed (will retry): %s", outcome.failure)
+            return False
+        return True
