@@ -391,6 +391,20 @@ def resume_saves(block: Block, world: World) -> None:
     assert world.sh(shown).stdout == str(save)
 
 
+def tiered_cli(block: Block, world: World) -> None:
+    """docs/tiered.md: replicate a published save, lose the fast root, resume from the restored copy."""
+    durable = world.tmp / "durable"
+    durable.mkdir()
+    save = world.publish(500)
+    shown = block.text.replace("/mnt/durable/run-42", str(durable))
+    fast_save = world.store.location(save)
+    original = (Path(fast_save) / "trainer_state.json").read_bytes()
+    done = world.sh(shown)
+    assert done.stdout.splitlines() == [f"{durable}/exec/{ATTEMPT}/checkpoint-500", f"resume from {fast_save}"]
+    assert (Path(fast_save) / "trainer_state.json").read_bytes() == original  # restored from the copy
+    assert [(e.epoch, e.step) for e in PosixStore(str(durable)).entries()] == [(EPOCH, 500)]
+
+
 RUNNERS: dict[str, Callable[[Block, World], None]] = {
     "readme-cli": readme_cli,
     "readme-api": readme_api,
@@ -405,6 +419,7 @@ RUNNERS: dict[str, Callable[[Block, World], None]] = {
     "prune-dry-run": prune_dry_run,
     "start-sh": start_sh,
     "resume-saves": resume_saves,
+    "tiered-cli": tiered_cli,
 }
 
 BLOCKS = all_blocks()
