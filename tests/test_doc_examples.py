@@ -400,7 +400,8 @@ def tiered_cli(block: Block, world: World) -> None:
     fast_save = world.store.location(save)
     original = (Path(fast_save) / "trainer_state.json").read_bytes()
     done = world.sh(shown)
-    assert done.stdout.splitlines() == [f"{durable}/exec/{ATTEMPT}/checkpoint-500", f"resume from {fast_save}"]
+    published = f"{durable}/exec/{ATTEMPT}/checkpoint-500"
+    assert done.stdout.splitlines() == [published, f"resume from {fast_save}"]
     assert (Path(fast_save) / "trainer_state.json").read_bytes() == original  # restored from the copy
     assert [(e.epoch, e.step) for e in PosixStore(str(durable)).entries()] == [(EPOCH, 500)]
 
