@@ -693,3 +693,76 @@ class TestS3BucketSettings:
         replicated = run("--config", config, *args)
         assert replicated.returncode == 0, replicated.stderr
         assert entries(root, "--config", config) == [f"5 100 {root}/exec/a/checkpoint-100"]
+
+
+def resolve_verify(root: str, *extra: str, config: str | None = None) -> subprocess.CompletedProcess[str]:
+    options = ["--config", config] if config else []
+    return run(*options, "--root", root, "resolve", "--framework", "hf", *extra)
+
+
+class TestResolveVerify:
+    """``ckpt resolve --framework X --verify [--digests]`` (tiered.md §10, cli.md §4.5)."""
+
+    def test_sizes_always_digests_when_asked(self, roots: tuple[Path, Path]) -> None:
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        newest, older = (durable / "exec" / "a" / f"checkpoint-{s}" for s in (200, 100))
+        result = resolve_verify(str(durable), "--verify", "--digests")
+        assert (result.returncode, result.stdout) == (0, f"{newest}\n"), result.stderr
+        model = newest / "model.safetensors"
+        data = bytearray(model.read_bytes())
+        data[7] ^= 1  # one bit, same size
+        model.write_bytes(bytes(data))
+        sizes = resolve_verify(str(durable), "--verify")
+        assert (sizes.returncode, sizes.stdout, sizes.stderr) == (0, f"{newest}\n", "")  # sizes agree
+        digests = resolve_verify(str(durable), "--verify", "--digests", "--json")
+        assert digests.returncode == 0, digests.stderr
+        document = json.loads(digests.stdout)
+        assert document["location"] == str(older)
+        [skipped] = document["skipped"]
+        assert skipped["entry"]["location"] == str(newest)
+        assert skipped["reason"].startswith("file 'model.safetensors' has sha256 ")
+        assert f"ckpt: skipped {newest}: file 'model.safetensors' has sha256" in digests.stderr
+        model.write_bytes(bytes(data[:-1]))  # now one byte short: sizes alone see it
+        cut = resolve_verify(str(durable), "--verify")
+        assert (cut.returncode, cut.stdout) == (0, f"{older}\n")
+        assert "has 2999 bytes, the manifest says 3000" in cut.stderr
+
+    def test_a_save_without_a_manifest_does_not_verify(self, roots: tuple[Path, Path]) -> None:
+        fast, _ = roots  # published on the fast root: no manifest there
+        plain = resolve_verify(str(fast))
+        assert plain.returncode == 0
+        result = resolve_verify(str(fast), "--verify")
+        assert (result.returncode, result.stdout) == (3, "")
+        assert result.stderr.count(f"no manifest ({MANIFEST_NAME})") == 2
+
+    @pytest.mark.parametrize(
+        ("extra", "message"),
+        [
+            (["--verify"], "--verify applies to a verified resolve"),
+            (["--digests"], "--digests applies to --verify"),
+        ],
+    )
+    def test_misused_options_are_usage_errors(self, tmp_path: Path, extra: list[str], message: str) -> None:
+        result = run("--root", str(tmp_path), "resolve", *extra)
+        assert result.returncode == 2
+        assert message in result.stderr
+
+    def test_on_s3_a_changed_object_fails_the_digests(self, tmp_path: Path, s3: tuple[Any, str, str]) -> None:
+        client, root, config = s3
+        fast = tmp_path / "fast"
+        save = hf_save(fast, "a", 100)
+        publish(fast, 5, 100, save)
+        result = run("--config", config, "--root", str(fast), "replicate", "--to", root, "--once")
+        assert result.returncode == 0, result.stderr
+        location = f"{root}/exec/a/checkpoint-100"
+        ok = resolve_verify(root, "--verify", "--digests", config=config)
+        assert (ok.returncode, ok.stdout) == (0, f"{location}\n"), ok.stderr
+        bucket = root.split("/")[2]
+        key = "tiers/exec/a/checkpoint-100/sub/shard.bin"
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        client.put_object(Bucket=bucket, Key=key, Body=body.upper())  # same size, other bytes
+        assert resolve_verify(root, "--verify", config=config).stdout == f"{location}\n"
+        changed = resolve_verify(root, "--verify", "--digests", config=config)
+        assert (changed.returncode, changed.stdout) == (3, "")
+        assert f"ckpt: skipped {location}: file 'sub/shard.bin' has sha256 " in changed.stderr

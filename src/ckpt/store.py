@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ckpt.creds.model import Source
     from ckpt.domain.ports import WatchStore
 
-__all__ = ["Tiers", "open_store", "open_tiers"]
+__all__ = ["Tiers", "open_store", "open_tiers", "tier_files"]
 
 
 def open_store(
@@ -83,6 +83,16 @@ class Tiers:
     durable_files: Any = attrs.field(eq=False)  # ckpt.domain.tiered_ports.DurableFiles
 
 
+def tier_files(store: WatchStore) -> Any:
+    """The tiered mode's files port (``ckpt.domain.tiered_ports.DurableFiles``) over ``store``'s root."""
+    from ckpt.adapters.posix import PosixStore
+    from ckpt.adapters.posix.tiered import PosixTierFiles
+
+    if isinstance(store, PosixStore):
+        return PosixTierFiles(store.root)
+    return store.durable_files()  # type: ignore[attr-defined]
+
+
 def open_tiers(fast: WatchStore, durable: WatchStore) -> Tiers:
     """Pair a fast root with its durable root (spec/tiered.md §1.1), or raise ``InvalidError`` naming them.
 
@@ -90,11 +100,9 @@ def open_tiers(fast: WatchStore, durable: WatchStore) -> Tiers:
     fast root, not inside it and does not contain it (compared after resolving symbolic links).
     """
     from ckpt.adapters.posix import PosixStore
-    from ckpt.adapters.posix.tiered import PosixTierFiles
 
     if not isinstance(fast, PosixStore):
         raise InvalidError(f"the fast root {fast.root!r} must be an absolute POSIX path")
-    files: Any
     if isinstance(durable, PosixStore):
         a, b = os.path.realpath(fast.root), os.path.realpath(durable.root)
         if a == b or b.startswith(a.rstrip("/") + "/") or a.startswith(b.rstrip("/") + "/"):
@@ -102,7 +110,4 @@ def open_tiers(fast: WatchStore, durable: WatchStore) -> Tiers:
                 f"the durable root {durable.root!r} must not be the fast root {fast.root!r}, inside it or "
                 "contain it"
             )
-        files = PosixTierFiles(durable.root)
-    else:
-        files = durable.durable_files()  # type: ignore[attr-defined]
-    return Tiers(fast, PosixTierFiles(fast.root), durable, files)
+    return Tiers(fast, tier_files(fast), durable, tier_files(durable))

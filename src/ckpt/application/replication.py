@@ -41,7 +41,7 @@ from ckpt.domain.ports import WatchStore
 from ckpt.domain.rules import Rule
 from ckpt.domain.tiered_ports import DurableFiles, FastFiles
 
-__all__ = ["Replicated", "Restored", "replicate", "restore_newer"]
+__all__ = ["Replicated", "Restored", "manifest_problem", "replicate", "restore_newer"]
 
 MISSING_SAVE = "save folder is missing"
 
@@ -179,23 +179,32 @@ class Restored:
     skipped: tuple[tuple[Entry, str], ...]  # durable entries passed over, greatest first, with why
 
 
-def _usable(durable: WatchStore, durable_files: DurableFiles, rule: Rule, entry: Entry) -> Manifest | str:
-    """The entry's manifest when its durable save is usable (spec/tiered.md §6.2), else the reason."""
-    reason = why_incomplete(durable, rule, entry)
-    if reason is not None:
-        return reason
-    data = durable_files.read_small(entry.save, MANIFEST_NAME)
+def manifest_problem(files: DurableFiles, save: str, *, digests: bool = False) -> Manifest | str:
+    """The save's manifest when the save verifies against it (spec/tiered.md §3.4), else the problem.
+
+    Sizes always (one listing); with ``digests`` every file is also read whole and its SHA-256 compared
+    (§10). No manifest, one that does not decode, or no save is a problem, named.
+    """
+    data = files.read_small(save, MANIFEST_NAME)
     if data is None:
         return f"no manifest ({MANIFEST_NAME})"
     try:
         manifest = decode_manifest(data)
     except CkptError as exc:
         return str(exc)
-    listing = durable_files.listing(entry.save)
+    listing = files.listing(save)
     if listing is None:
         return MISSING_SAVE
     problem = verify_listing(manifest, listing)
+    if problem is None and digests:
+        problem = verify_listing(manifest, [files.digest(save, f.path) for f in manifest.files])
     return manifest if problem is None else problem
+
+
+def _usable(durable: WatchStore, durable_files: DurableFiles, rule: Rule, entry: Entry) -> Manifest | str:
+    """The entry's manifest when its durable save is usable (spec/tiered.md §6.2), else the reason."""
+    reason = why_incomplete(durable, rule, entry)
+    return reason if reason is not None else manifest_problem(durable_files, entry.save)
 
 
 def _restore(

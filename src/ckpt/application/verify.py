@@ -17,7 +17,7 @@ read through ``ckpt.application.inspection``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -159,7 +159,11 @@ def why_incomplete(store: WatchStore, rule: Rule, entry: Entry) -> str | None:
 
 
 def resolve_verified(
-    store: WatchStore, framework: Framework | Rule, *, world_size: int | None = None
+    store: WatchStore,
+    framework: Framework | Rule,
+    *,
+    world_size: int | None = None,
+    also: Callable[[Entry], str | None] | None = None,
 ) -> Verified:
     """Return the newest entry whose save still exists and is complete under ``framework``'s rule.
 
@@ -179,7 +183,8 @@ def resolve_verified(
     ``being removed by a prune (<journal>)``. Otherwise entries are read once (``MalformedError`` for a bad
     name in ``pub/``, as ``entries`` does) and, from the greatest down, each save is checked until one
     passes. The entries passed over come back in ``skipped`` with their reasons, for the caller to report
-    (``ckpt: skipped <location>: <reason>``).
+    (``ckpt: skipped <location>: <reason>``). ``also`` is one more check of a save that passed the rule and
+    is not being removed (``resolve --verify``: its manifest): a reason it returns passes the entry over.
     """
     # A store needs no sync_save to be verified: check only what this reads.
     require_instance(store, Store, "store")
@@ -207,7 +212,9 @@ def resolve_verified(
         if not removing:
             removing.append(store.removing() if isinstance(store, KnowsRemovals) else NEVER_REMOVING)
         journal = removing[0].journal_of(entry.save)
-        return None if journal is None else being_removed_reason(journal)
+        if journal is not None:
+            return being_removed_reason(journal)
+        return None if also is None else also(entry)
 
     reason = why_not(newest)
     if reason is None:

@@ -240,6 +240,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         metavar="N",
         help="processes that wrote the saves (hf, dcp, deepspeed, lightning): all their files must be there",
     )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also verify the save against its manifest (a tiered copy): every file there, sizes equal",
+    )
+    p.add_argument(
+        "--digests", action="store_true", help="with --verify: read every file and check its SHA-256"
+    )
     p.set_defaults(handler=_later("publication", "cmd_resolve"), store_command=True)
 
     p = commands.add_parser("entries", help="every entry, ascending: <epoch> <step> <location>")

@@ -6,9 +6,12 @@ inside the command that needs it (start-up, rule 4 of :mod:`ckpt.cli`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpt.cli import EXIT_NOTHING, EXIT_OK, Context, UsageError
+
+if TYPE_CHECKING:
+    from ckpt.domain.entries import Entry
 
 __all__ = ["attempt_arg", "cmd_entries", "cmd_exec_dir", "cmd_publish", "cmd_resolve", "epoch_arg"]
 
@@ -30,6 +33,8 @@ def attempt_arg(ctx: Context) -> str:
 
 
 def cmd_resolve(ctx: Context) -> int:
+    if ctx.args.digests and not ctx.args.verify:
+        raise UsageError("--digests applies to --verify: pass --verify as well")
     store = ctx.store()
     skipped: list[dict[str, Any]] = []
     if ctx.args.framework:
@@ -42,7 +47,18 @@ def cmd_resolve(ctx: Context) -> int:
         # which describes the resuming run (docs/adr/0008-watcher.md).
         world_size = None if ctx.args.world_size is None else parse_world_size(ctx.args.world_size)
         rule = find_rule(ctx.args.framework, world_size=world_size, configured=ctx.config().frameworks)
-        verified = resolve_verified(store, rule)
+        also = None
+        if ctx.args.verify:  # spec/tiered.md §10
+            from ckpt.application.replication import manifest_problem
+            from ckpt.store import tier_files
+
+            files, digests = tier_files(store), bool(ctx.args.digests)
+
+            def also(entry: Entry) -> str | None:
+                problem = manifest_problem(files, entry.save, digests=digests)
+                return problem if isinstance(problem, str) else None
+
+        verified = resolve_verified(store, rule, also=also)
         for passed, reason in verified.skipped:
             ctx.warn(f"skipped {store.location(passed)}: {reason}")
             skipped.append({"entry": entry_document(store, passed), "reason": reason})
@@ -50,6 +66,8 @@ def cmd_resolve(ctx: Context) -> int:
     else:
         if ctx.args.world_size is not None:
             raise UsageError("--world-size applies to a verified resolve: pass --framework hf as well")
+        if ctx.args.verify:
+            raise UsageError("--verify applies to a verified resolve: pass --framework as well")
         entry = store.resolve()
     if entry is None:
         what = f"no complete {ctx.args.framework} save" if ctx.args.framework else "nothing"

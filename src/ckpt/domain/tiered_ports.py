@@ -78,6 +78,11 @@ class DurableFiles(Protocol):
         """Every file of the save, sizes (and a SHA-256 where the listing has one); ``None``: no save."""
         ...
 
+    def digest(self, save: str, path: str) -> Listed:
+        """Read the stored file whole and return its size and the SHA-256 of its bytes (``resolve --verify
+        --digests``, spec/tiered.md §10)."""
+        ...
+
     def read_small(self, save: str, path: str) -> bytes | None:
         """A small file of the save (the manifest), or ``None`` when there is none."""
         ...

@@ -9,7 +9,8 @@ Rules:
 2. The upload is verified with one ``HeadObject``: its ``ContentLength`` and ``ckpt-sha256`` must be the
    fast file's, else ``StorageError``.
 3. ``stored`` is one ``HeadObject``; ``listing`` one recursive ``ListObjectsV2`` (sizes only); ``fetch`` the
-   managed download; small files (the manifest) one ``PutObject`` or ``GetObject``.
+   managed download; small files (the manifest) one ``PutObject`` or ``GetObject``; ``digest`` one
+   ``GetObject`` whose body is hashed as it streams (1 MiB reads, nothing kept), its size counted.
 4. Every failure is a ``ckpt`` error (``s3_errors``); a failed managed upload, which boto3 reports in its
    own exception, is translated from the ``ClientError`` it hides (so a refusal carries the settings'
    hints, layout.md §9.2), else a ``StorageError`` naming the object.
@@ -23,6 +24,7 @@ Rules:
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from ckpt.adapters.s3.errors import botocore_errors
@@ -105,6 +107,21 @@ class S3DurableFiles:
             self._s3transfer().download_file(
                 self._bucket.root.bucket, key, local_path, extra_args=self._bucket.settings.request_params()
             )
+
+    def digest(self, save: str, path: str) -> Listed:
+        key = self._key(save, path)
+        url = self._bucket.url(key)
+        with self._bucket.errors("read", url):
+            answer = self._bucket.client.get_object(**self._bucket.params(Key=key))
+            body = answer["Body"]
+            digest, size = hashlib.sha256(), 0
+            try:
+                while chunk := body.read(_MiB):
+                    digest.update(chunk)
+                    size += len(chunk)
+            finally:
+                body.close()
+        return Listed(path, size, digest.hexdigest())
 
     def listing(self, save: str) -> list[Listed] | None:
         prefix = self._bucket.key(f"{save}/")
