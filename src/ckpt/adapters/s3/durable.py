@@ -7,7 +7,14 @@ Rules:
    checksum :data:`CHECKSUM_ALGORITHM` so that S3 checks every part as it arrives, and carrying the file's
    SHA-256 as the metadata ``ckpt-sha256``. ``CRC32`` is what botocore computes without ``awscrt``.
 2. The upload is verified with one ``HeadObject``: its ``ContentLength`` and ``ckpt-sha256`` must be the
-   fast file's, else ``StorageError``.
+   fast file's, and its ``ETag`` the one the file's bytes give (:func:`expected_etag`: the MD5 of the
+   file, or for a multipart upload the MD5 of its parts' MD5s and ``-<parts>``, with the parts boto3's
+   transfer cuts), else ``StorageError``: the ETag is the one digest every S3 server computes itself from
+   the bytes it received, so a body changed on the way is found even where the server ignores or does
+   not know the additional checksum (moto 5, Ceph RGW 16). The expected ETag also rides as the metadata
+   ``ckpt-etag``, so that :meth:`S3DurableFiles.stored` trusts the recorded SHA-256 only of an object whose
+   ETag is what the uploader expected. An object encrypted with SSE-KMS or SSE-C has an ETag that is no
+   MD5 (AWS's documented rule): there only the server's checksum check verifies the bytes.
 3. ``stored`` is one ``HeadObject``; ``listing`` one recursive ``ListObjectsV2`` (sizes only); ``fetch`` the
    managed download; small files (the manifest) one ``PutObject`` or ``GetObject``; ``digest`` one
    ``GetObject`` whose body is hashed as it streams (1 MiB reads, nothing kept), its size counted.
@@ -24,7 +31,10 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import re
+from collections.abc import Iterator
 from typing import Any
 
 from ckpt.adapters.s3.errors import botocore_errors
@@ -33,11 +43,36 @@ from ckpt.domain.errors import StorageError
 from ckpt.domain.manifest import MAX_MANIFEST_BYTES, Listed
 from ckpt.domain.tiered_ports import Stored
 
-__all__ = ["CHECKSUM_ALGORITHM", "DIGEST_METADATA", "S3DurableFiles"]
+__all__ = ["CHECKSUM_ALGORITHM", "DIGEST_METADATA", "ETAG_METADATA", "S3DurableFiles", "expected_etag"]
 
 CHECKSUM_ALGORITHM = "CRC32"
 DIGEST_METADATA = "ckpt-sha256"
+ETAG_METADATA = "ckpt-etag"
 _MiB = 1 << 20
+_MD5_ETAG = re.compile(r"[0-9a-f]{32}(-[1-9][0-9]*)?")
+
+
+def expected_etag(local_path: str, size: int, *, threshold: int, part_size: int) -> str:
+    """The ETag an S3 server gives the file uploaded by boto3's transfer with these settings (rule 2)."""
+    from s3transfer.utils import ChunksizeAdjuster  # boto3's own rule for the size of each part
+
+    if size < threshold:
+        with open(local_path, "rb") as f:
+            return hashlib.file_digest(f, "md5").hexdigest()
+    chunk = ChunksizeAdjuster().adjust_chunksize(part_size, size)
+    parts = []
+    with open(local_path, "rb") as f:
+        while block := f.read(chunk):
+            parts.append(hashlib.md5(block, usedforsecurity=False).digest())
+    return f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}"
+
+
+def _comparable_etag(head: dict[str, Any]) -> str | None:
+    """The object's ETag when it is an MD5 of its bytes (no SSE-KMS, no SSE-C), else ``None``."""
+    if head.get("ServerSideEncryption") in ("aws:kms", "aws:kms:dsse") or head.get("SSECustomerAlgorithm"):
+        return None
+    etag = str(head.get("ETag", "")).strip('"').lower()
+    return etag if _MD5_ETAG.fullmatch(etag) else None
 
 
 class S3DurableFiles:
@@ -71,18 +106,18 @@ class S3DurableFiles:
         head = self._bucket.head_answer(self._key(save, path), action="read")
         if head is None:
             return None
-        metadata = head.get("Metadata") or {}
-        digest = metadata.get(DIGEST_METADATA)
-        return Stored(int(head.get("ContentLength", -1)), digest if isinstance(digest, str) else None)
+        return Stored(int(head.get("ContentLength", -1)), _trusted_digest(head))
 
     def put(self, local_path: str, save: str, path: str, sha256: str, size: int) -> None:
         from boto3.exceptions import S3UploadFailedError
 
         key = self._key(save, path)
         url = self._bucket.url(key)
+        with _local_read(local_path):
+            etag = expected_etag(local_path, size, threshold=self._part_size, part_size=self._part_size)
         extra = {
             "ChecksumAlgorithm": CHECKSUM_ALGORITHM,
-            "Metadata": {DIGEST_METADATA: sha256},
+            "Metadata": {DIGEST_METADATA: sha256, ETAG_METADATA: etag},
             **self._bucket.settings.write_params(),  # rule 5
         }
         with self._bucket.errors("upload", url, write=True):
@@ -93,11 +128,21 @@ class S3DurableFiles:
                 if isinstance(refused, botocore_errors().ClientError):
                     raise refused from None  # the boundary translates it, with the settings' hints
                 raise StorageError(f"cannot upload {url}: {exc}", location=url) from None
-        stored = self.stored(save, path)  # rule 2
-        if stored is None or stored.size != size or stored.sha256 != sha256:
-            shown = "nothing" if stored is None else f"{stored.size} bytes, sha256 {stored.sha256}"
+        head = self._bucket.head_answer(key, action="read")  # rule 2
+        if head is None:
+            raise StorageError(f"cannot verify {url}: the storage holds nothing there", location=url)
+        held, digest = int(head.get("ContentLength", -1)), (head.get("Metadata") or {}).get(DIGEST_METADATA)
+        if held != size or digest != sha256:
             raise StorageError(
-                f"cannot verify {url}: expected {size} bytes, sha256 {sha256}; the storage holds {shown}",
+                f"cannot verify {url}: expected {size} bytes, sha256 {sha256}; the storage holds {held} "
+                f"bytes, sha256 {digest}",
+                location=url,
+            )
+        stored_etag = _comparable_etag(head)
+        if stored_etag is not None and stored_etag != etag:
+            raise StorageError(
+                f"cannot verify {url}: the storage computed ETag {stored_etag} from the bytes it received, "
+                f"the file's bytes give {etag}: the upload was changed on the way",
                 location=url,
             )
 
@@ -136,3 +181,24 @@ class S3DurableFiles:
         key = self._key(save, path)
         with self._bucket.errors("write", self._bucket.url(key), write=True):
             self._bucket.put_object(key, data, ChecksumAlgorithm=CHECKSUM_ALGORITHM)  # rule 5
+
+
+def _trusted_digest(head: dict[str, Any]) -> str | None:
+    """The recorded SHA-256 of an object whose ETag is what its uploader expected (rule 2), else ``None``."""
+    metadata = head.get("Metadata") or {}
+    digest, etag = metadata.get(DIGEST_METADATA), metadata.get(ETAG_METADATA)
+    if not isinstance(digest, str):
+        return None
+    stored_etag = _comparable_etag(head)
+    if stored_etag is not None and stored_etag != etag:
+        return None  # changed on the way: its bytes are not the ones the digest was recorded for
+    return digest
+
+
+@contextlib.contextmanager
+def _local_read(path: str) -> Iterator[None]:
+    """The error boundary for reading a fast file to upload: ``StorageError`` naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc.strerror or exc}", location=path) from None
