@@ -766,3 +766,55 @@ class TestResolveVerify:
         changed = resolve_verify(root, "--verify", "--digests", config=config)
         assert (changed.returncode, changed.stdout) == (3, "")
         assert f"ckpt: skipped {location}: file 'sub/shard.bin' has sha256 " in changed.stderr
+
+
+class TestDoctorBothRoots:
+    """``ckpt doctor --durable DURABLE`` (tiered.md §11, cli.md §9.2)."""
+
+    def test_both_roots_checked_and_the_lag_reported(self, roots: tuple[Path, Path]) -> None:
+        fast, durable = roots
+
+        def doctor() -> dict[str, Any]:
+            result = run("--json", "--root", str(fast), "doctor", "--durable", str(durable))
+            assert result.returncode == 0, result.stdout + result.stderr
+            return {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+
+        before = doctor()
+        names = ["root", "exclusive-create", "durable root", "durable exclusive-create", "tiers"]
+        assert list(before) == names
+        assert all(c["ok"] for c in before.values())
+        assert (before["tiers"]["pending"], before["tiers"]["lag_steps"]) == (2, 200)
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        publish(fast, 5, 300, hf_save(fast, "a", 300))
+        after = doctor()["tiers"]
+        assert (after["pending"], after["lag_steps"]) == (1, 100)
+        detail = "1 entries not yet durable, 100 steps behind; newest durable: epoch 5 step 200"
+        assert after["detail"] == detail
+
+    def test_a_pair_that_is_not_allowed_fails(self, roots: tuple[Path, Path]) -> None:
+        fast, _ = roots
+        inside = fast / "durable"
+        inside.mkdir()
+        result = run("--root", str(fast), "doctor", "--durable", str(inside))
+        assert result.returncode == 1
+        assert "FAIL tiers:" in result.stdout
+        assert "must not be the fast root" in result.stdout
+
+    @pytest.mark.parametrize("s3_server", ["moto"], indirect=True)
+    def test_an_s3_durable_root_gets_the_s3_checks(self, tmp_path: Path, s3: tuple[Any, str, str]) -> None:
+        _, root, config = s3
+        fast = tmp_path / "fast"
+        fast.mkdir()
+        result = run("--config", config, "--root", str(fast), "doctor", "--durable", root)
+        assert result.returncode == 0, result.stdout + result.stderr
+        names = [line.split(":", 1)[0][5:] for line in result.stdout.splitlines()]
+        assert names == [
+            "root",
+            "exclusive-create",
+            "durable root",
+            "durable credentials",
+            "durable proxy",
+            "durable exclusive-create",
+            "durable write-settings",
+            "tiers",
+        ]

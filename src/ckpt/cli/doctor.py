@@ -19,6 +19,12 @@ Checks, each reported with a name, a verdict and one line of detail (never a sec
   ``HeadObject`` expecting another owner is refused (else the server ignores the setting). Its detail
   shows what came back.
 
+With ``--durable DURABLE`` (spec/tiered.md §11) every check above runs again on the durable root, each
+named ``durable <check>``, and one more, ``tiers``, pairs the two roots (``ckpt.store.open_tiers``) and
+reports the replication lag: the fast entries not yet durable and the steps between the two roots'
+newest entries (``--json`` adds ``pending`` and ``lag_steps``). A lag is not a failure; a pair that is
+not allowed (the fast root not a POSIX path, the durable root inside it) is.
+
 Exit 0 when every check passes, 1 otherwise.
 """
 
@@ -44,11 +50,16 @@ def register(commands: Any) -> None:
     p: argparse.ArgumentParser = commands.add_parser(
         "doctor", help="check the root, credentials, proxy, and that the store honours exclusive create"
     )
+    p.add_argument(
+        "--durable",
+        metavar="DURABLE",
+        help="also check this durable root (s3:// or a path) and the replication lag to it",
+    )
     p.set_defaults(handler=run)
 
 
-def _check_root(ctx: Context) -> tuple[bool, str]:
-    store = ctx.store()
+def _check_root(open_store: Any) -> tuple[bool, str]:
+    store = open_store()
     entries = store.entries()
     if not entries:
         return True, f"{store.root} is reachable; nothing is published yet"
@@ -113,25 +124,72 @@ def _checks(ctx: Context, numbers: dict[str, dict[str, int]]) -> list[tuple[str,
             numbers[name] = counted[0]
         return bool(ok)
 
-    root_ok = check("root", lambda: _check_root(ctx))
-    try:
-        store = ctx.store()
-    except CkptError:  # the root check already reported why the store cannot be opened
+    fast = _root_checks(check, ctx.store, "")
+    durable_root = getattr(ctx.args, "durable", None)
+    if durable_root is None:
         return results
+
+    def open_durable() -> Any:
+        from ckpt.store import open_store
+
+        if not durable_root:
+            raise CkptError("--durable is empty: give the durable root")
+        config = ctx.config() if ctx.args.config or ctx.environ.get("CKPT_CONFIG") else None
+        return open_store(durable_root, config=config, environ=ctx.environ)
+
+    durable = _root_checks(check, _once(open_durable), "durable ")
+    if fast is not None and durable is not None:
+        check("tiers", lambda: _check_tiers(fast, durable))
+    return results
+
+
+def _once(opener: Any) -> Any:
+    opened: list[Any] = []
+
+    def open_once() -> Any:
+        if not opened:
+            opened.append(opener())
+        return opened[0]
+
+    return open_once
+
+
+def _root_checks(check: Any, open_store: Any, prefix: str) -> Any:
+    """The checks of one root, each named ``<prefix><check>``; the store when its root check passed."""
+    root_ok = check(f"{prefix}root", lambda: _check_root(open_store))
+    try:
+        store = open_store()
+    except CkptError:  # the root check already reported why the store cannot be opened
+        return None
     if store.root.startswith("s3://"):
         from ckpt.adapters.s3 import S3Store
 
         assert isinstance(store, S3Store)
         s3_store = store
         if root_ok:
-            check("credentials", lambda: _describe_credentials(s3_store))
-        check("proxy", lambda: _check_proxy(s3_store))
+            check(f"{prefix}credentials", lambda: _describe_credentials(s3_store))
+        check(f"{prefix}proxy", lambda: _check_proxy(s3_store))
         if root_ok:
-            check("exclusive-create", lambda: _probe(s3_store))
-            check("write-settings", s3_store.check_write_settings)
+            check(f"{prefix}exclusive-create", lambda: _probe(s3_store))
+            check(f"{prefix}write-settings", s3_store.check_write_settings)
     elif root_ok:
-        check("exclusive-create", lambda: _probe(store))
-    return results
+        check(f"{prefix}exclusive-create", lambda: _probe(store))
+    return store if root_ok else None
+
+
+def _check_tiers(fast: Any, durable: Any) -> tuple[bool, str, dict[str, int]]:
+    """The pair is allowed (spec/tiered.md §1.1); the lag: entries not yet durable, steps behind (§11)."""
+    from ckpt.store import open_tiers
+
+    open_tiers(fast, durable)
+    newest = max(durable.entries(), default=None)
+    fast_entries = fast.entries()
+    pending = [e for e in fast_entries if newest is None or e > newest]
+    lag = 0 if not fast_entries else fast_entries[-1].step - (0 if newest is None else newest.step)
+    lag = max(lag, 0)
+    shown = "none" if newest is None else f"epoch {newest.epoch} step {newest.step}"
+    detail = f"{len(pending)} entries not yet durable, {lag} steps behind; newest durable: {shown}"
+    return True, detail, {"pending": len(pending), "lag_steps": lag}
 
 
 def run(ctx: Context) -> int:
