@@ -818,3 +818,102 @@ class TestDoctorBothRoots:
             "durable write-settings",
             "tiers",
         ]
+
+
+class TestTransferLimits:
+    """``--concurrency`` and ``--max-bandwidth`` (tiered.md §12, cli.md §14.6)."""
+
+    @pytest.mark.parametrize(
+        ("text", "rate"),
+        [("1", 1), ("200M", 200_000_000), ("3k", 3000), ("1Gi", 1 << 30), ("2Mi", 2 << 20), ("1Ki", 1024)],
+    )
+    def test_rates(self, text: str, rate: int) -> None:
+        from ckpt.domain.tiered_ports import parse_rate
+
+        assert parse_rate(text, "--max-bandwidth") == rate
+
+    @pytest.mark.parametrize(
+        "text", ["0", "", "-5", "1.5M", "10MB", "M", "\uff11\uff10", "5 M", "7iM", "1K", "2m", "3\n"]
+    )
+    def test_bad_rates_are_refused_naming_the_option(self, roots: tuple[Path, Path], text: str) -> None:
+        fast, durable = roots
+        options = ["--once", "--max-bandwidth", text]
+        result = run("--root", str(fast), "replicate", "--to", str(durable), *options)
+        assert result.returncode == 2
+        assert f"--max-bandwidth {text!r}: give bytes per second" in result.stderr
+        assert entries(str(durable)) == []  # nothing copied
+
+    @pytest.mark.parametrize("text", ["0", "65", "x", "-1"])
+    def test_bad_concurrency_is_refused(self, roots: tuple[Path, Path], text: str) -> None:
+        fast, durable = roots
+        result = run("--root", str(fast), "replicate", "--to", str(durable), "--once", "--concurrency", text)
+        assert result.returncode == 2
+        assert f"--concurrency {text!r}" in result.stderr or f"--concurrency {text}:" in result.stderr
+
+    def test_a_bounded_posix_copy_waits_as_the_bucket_says(self, tmp_path: Path) -> None:
+        """5 MiB at 1 MiB/s with a one-second burst: 4 s of waiting in all, counted on a fake clock, and the
+        copy verifies as an unbounded one."""
+        from ckpt.adapters.posix.tiered import PosixTierFiles, sha256_of
+
+        now = [100.0]
+        waits: list[float] = []
+
+        def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            now[0] += seconds
+
+        source = tmp_path / "model.bin"
+        source.write_bytes(os.urandom(5 << 20))
+        durable = tmp_path / "durable"
+        durable.mkdir()
+        files = PosixTierFiles(str(durable), max_bandwidth=1 << 20, clock=lambda: now[0], sleep=sleep)
+        files.put(str(source), "exec/a/ck-1", "model.bin", sha256_of(str(source)), 5 << 20)
+        assert sum(waits) == pytest.approx(4.0)
+        assert len(waits) == 4
+        assert (durable / "exec/a/ck-1/model.bin").read_bytes() == source.read_bytes()
+        files.put(str(source), "exec/a/ck-2", "model.bin", sha256_of(str(source)), 5 << 20)
+        assert sum(waits) == pytest.approx(9.0)  # the bucket is shared: no new burst for the second file
+
+    def test_a_bounded_replicate_cli_run_copies_everything(self, roots: tuple[Path, Path]) -> None:
+        fast, durable = roots
+        options = ["--max-bandwidth", "1Gi", "--concurrency", "2"]
+        result = run("--root", str(fast), "replicate", "--to", str(durable), "--once", *options)
+        assert result.returncode == 0, result.stderr
+        assert [line.split()[:2] for line in entries(str(durable))] == [["5", "100"], ["5", "200"]]
+
+    @pytest.mark.parametrize("s3_server", ["moto"], indirect=True)
+    def test_s3_uploads_run_with_the_bounds_and_restores_without(
+        self, tmp_path: Path, s3: tuple[Any, str, str]
+    ) -> None:
+        from ckpt.config import load_config
+        from ckpt.domain.tiered_ports import TransferLimits
+        from ckpt.store import open_store, tier_files
+
+        _, root, config = s3
+        store = open_store(root, config=load_config(config), environ=KEYS)
+        files = tier_files(store, TransferLimits(3, 5_000_000))
+        upload, download = files.transfer_config(), files.transfer_config(upload=False)
+        assert (upload.max_request_concurrency, upload.max_bandwidth) == (3, 5_000_000)
+        assert (download.max_request_concurrency, download.max_bandwidth) == (3, None)
+        fast = tmp_path / "fast"
+        publish(fast, 5, 100, hf_save(fast, "a", 100, size=9 << 20))  # two parts
+        options = ["--concurrency", "1", "--max-bandwidth", "100M"]
+        result = run("--config", config, "--root", str(fast), "replicate", "--to", root, "--once", *options)
+        assert result.returncode == 0, result.stderr
+        assert entries(root, "--config", config) == [f"5 100 {root}/exec/a/checkpoint-100"]
+
+    def test_the_integrations_read_the_bounds_from_the_environment(self, tmp_path: Path) -> None:
+        from ckpt.domain.errors import InvalidError
+        from ckpt.integrations.core import open_job
+
+        fast, durable = tmp_path / "fast", tmp_path / "durable"
+        durable.mkdir()
+        env = {"CKPT_ROOT": str(fast), "DISPATCH_EPOCH": "1", "DISPATCH_ATTEMPT": "a"}
+        env["CKPT_DURABLE"] = str(durable)
+        job = open_job(environ={**env, "CKPT_DURABLE_MAX_BANDWIDTH": "1Ki"})
+        assert job.tiers is not None
+        assert job.tiers.durable_files._bucket is not None  # a bounded POSIX copy
+        with pytest.raises(InvalidError, match="CKPT_DURABLE_MAX_BANDWIDTH '1 K'"):
+            open_job(environ={**env, "CKPT_DURABLE_MAX_BANDWIDTH": "1 K"})
+        with pytest.raises(InvalidError, match="CKPT_DURABLE_CONCURRENCY 'many'"):
+            open_job(environ={**env, "CKPT_DURABLE_CONCURRENCY": "many"})

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ckpt.config import Config
     from ckpt.creds.model import Source
     from ckpt.domain.ports import WatchStore
+    from ckpt.domain.tiered_ports import TransferLimits
 
 __all__ = ["Tiers", "open_store", "open_tiers", "tier_files"]
 
@@ -83,21 +84,27 @@ class Tiers:
     durable_files: Any = attrs.field(eq=False)  # ckpt.domain.tiered_ports.DurableFiles
 
 
-def tier_files(store: WatchStore) -> Any:
-    """The tiered mode's files port (``ckpt.domain.tiered_ports.DurableFiles``) over ``store``'s root."""
+def tier_files(store: WatchStore, limits: TransferLimits | None = None) -> Any:
+    """The tiered mode's files port (``ckpt.domain.tiered_ports.DurableFiles``) over ``store``'s root, its
+    copies into the root bounded by ``limits`` (spec/tiered.md §12)."""
     from ckpt.adapters.posix import PosixStore
     from ckpt.adapters.posix.tiered import PosixTierFiles
+    from ckpt.domain.tiered_ports import TransferLimits
 
+    bound = limits if limits is not None else TransferLimits()
     if isinstance(store, PosixStore):
-        return PosixTierFiles(store.root)
-    return store.durable_files()  # type: ignore[attr-defined]
+        return PosixTierFiles(store.root, max_bandwidth=bound.max_bandwidth)
+    return store.durable_files(  # type: ignore[attr-defined]
+        concurrency=bound.concurrency, max_bandwidth=bound.max_bandwidth
+    )
 
 
-def open_tiers(fast: WatchStore, durable: WatchStore) -> Tiers:
+def open_tiers(fast: WatchStore, durable: WatchStore, limits: TransferLimits | None = None) -> Tiers:
     """Pair a fast root with its durable root (spec/tiered.md §1.1), or raise ``InvalidError`` naming them.
 
     The fast root MUST be a POSIX root; the durable root is an S3 root or another POSIX root that is not the
-    fast root, not inside it and does not contain it (compared after resolving symbolic links).
+    fast root, not inside it and does not contain it (compared after resolving symbolic links). ``limits``
+    bound the replication's copies into the durable root (spec/tiered.md §12).
     """
     from ckpt.adapters.posix import PosixStore
 
@@ -110,4 +117,4 @@ def open_tiers(fast: WatchStore, durable: WatchStore) -> Tiers:
                 f"the durable root {durable.root!r} must not be the fast root {fast.root!r}, inside it or "
                 "contain it"
             )
-    return Tiers(fast, tier_files(fast), durable, tier_files(durable))
+    return Tiers(fast, tier_files(fast), durable, tier_files(durable, limits))

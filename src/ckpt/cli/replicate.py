@@ -17,6 +17,9 @@ Rules:
 5. ``--json``: one document at the end, ``{"published": [entry], "passed": [{"entry": entry, "reason":
    str}], "pending": [entry], "failure": str | null, "files_copied": int, "bytes_copied": int,
    "files_present": int}`` (published entries at their durable locations, the others at their fast ones).
+6. ``--concurrency N`` (1 to 64, default 8) is the parallel transfers per file on an S3 durable root;
+   ``--max-bandwidth RATE`` (``ckpt.domain.tiered_ports.parse_rate``) bounds the bytes per second of all
+   the copies into the durable root (spec/tiered.md §12). Anything else is exit 2.
 """
 
 from __future__ import annotations
@@ -46,10 +49,35 @@ def register(commands: Any) -> None:
     p.add_argument("--once", action="store_true", help="run one pass, then exit")
     p.add_argument("--framework", metavar="NAME", help="copy only saves complete under this rule")
     p.add_argument("--interval", metavar="SECONDS", help="seconds between passes (default 10)")
+    p.add_argument(
+        "--concurrency", metavar="N", help="parallel transfers per file on an S3 durable root (default 8)"
+    )
+    p.add_argument(
+        "--max-bandwidth",
+        metavar="RATE",
+        help="bytes per second the copies may take in all (200M, 1Gi; default: no bound)",
+    )
     p.set_defaults(handler=_handle)
 
 
-def open_tier(ctx: Any, durable: str) -> tuple[Any, Any, Any, Any]:
+def _limits(args: Any) -> Any:
+    """Rule 6: ``--concurrency`` and ``--max-bandwidth`` (spec/tiered.md §12)."""
+    from ckpt.domain.tiered_ports import TransferLimits, parse_rate
+
+    concurrency = 8
+    if args.concurrency is not None:
+        text = args.concurrency
+        if not (text.isascii() and text.isdigit()):
+            raise InvalidError(f"--concurrency {text!r}: give an integer from 1 to 64")
+        concurrency = int(text)
+    bandwidth = None if args.max_bandwidth is None else parse_rate(args.max_bandwidth, "--max-bandwidth")
+    try:
+        return TransferLimits(concurrency, bandwidth)
+    except InvalidError as exc:
+        raise InvalidError(f"--{exc}") from None
+
+
+def open_tier(ctx: Any, durable: str, limits: Any = None) -> tuple[Any, Any, Any, Any]:
     """The fast store and files, and the durable store and files (rule 1; ``ckpt.store.open_tiers``)."""
     from ckpt.store import open_store, open_tiers
 
@@ -57,7 +85,7 @@ def open_tier(ctx: Any, durable: str) -> tuple[Any, Any, Any, Any]:
         raise InvalidError("--to is empty: give the durable root")
     fast = ctx.store()
     config = ctx.config() if ctx.args.config or ctx.environ.get("CKPT_CONFIG") else None
-    tiers = open_tiers(fast, open_store(durable, config=config, environ=ctx.environ))
+    tiers = open_tiers(fast, open_store(durable, config=config, environ=ctx.environ), limits)
     return tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files
 
 
@@ -75,7 +103,7 @@ def _handle(ctx: Any) -> int:
             from ckpt.application.rulebook import find_rule
 
             rule = find_rule(args.framework, configured=ctx.config().frameworks)
-        fast, fast_files, durable, durable_files = open_tier(ctx, args.to)
+        fast, fast_files, durable, durable_files = open_tier(ctx, args.to, _limits(args))
         published: list[Any] = []
         totals = [0, 0, 0]
         last = Replicated()

@@ -12,14 +12,95 @@ stores' own (``Store.publish`` and ``Store.entries`` on each root).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import attrs
 
+from ckpt.domain.errors import InvalidError
 from ckpt.domain.manifest import Listed
 
-__all__ = ["DurableFiles", "FastFiles", "Stored"]
+__all__ = [
+    "MAX_CONCURRENCY",
+    "DurableFiles",
+    "FastFiles",
+    "Stored",
+    "TokenBucket",
+    "TransferLimits",
+    "parse_rate",
+]
+
+
+MAX_CONCURRENCY = 64
+_RATE = re.compile(r"([0-9]+)(k|M|G|Ki|Mi|Gi)?", re.ASCII)
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+
+
+def parse_rate(text: str, what: str) -> int:
+    """Bytes per second from ``text``: a positive integer, optionally followed by ``k``, ``M``, ``G`` (powers
+    of 1000) or ``Ki``, ``Mi``, ``Gi`` (powers of 1024): ``200M``, ``1Gi``. Else ``InvalidError`` naming
+    ``what`` (spec/tiered.md §12.2).
+
+    >>> parse_rate("200M", "--max-bandwidth"), parse_rate("1Ki", "--max-bandwidth")
+    (200000000, 1024)
+    """
+    found = _RATE.fullmatch(text)
+    if found is None or int(found[1]) == 0:
+        raise InvalidError(
+            f"{what} {text!r}: give bytes per second, a positive integer with an optional k, M, G, Ki, Mi or "
+            "Gi (200M, 1Gi)"
+        )
+    return int(found[1]) * _UNITS[found[2] or ""]
+
+
+@attrs.frozen
+class TransferLimits:
+    """What a replicator may take (spec/tiered.md §12): parallel transfers per file, and bytes per second
+    (``None``: no bound) over all of its uploads."""
+
+    concurrency: int = 8
+    max_bandwidth: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        concurrency, bandwidth = self.concurrency, self.max_bandwidth
+        whole = isinstance(concurrency, int) and not isinstance(concurrency, bool)
+        if not whole or not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise InvalidError(f"concurrency {concurrency!r}: give an integer from 1 to {MAX_CONCURRENCY}")
+        if bandwidth is not None and (
+            isinstance(bandwidth, bool) or not isinstance(bandwidth, int) or bandwidth <= 0
+        ):
+            raise InvalidError(f"max_bandwidth {bandwidth!r}: give a positive number of bytes per second")
+
+
+class TokenBucket:
+    """A bound on bytes per second, as a bucket holding at most one second's worth (spec/tiered.md §12.3).
+
+    :meth:`take` returns how long to wait before sending ``n`` bytes; the caller waits (the clock and the
+    sleep are the caller's, so this stays pure). Bursts never exceed one second's worth.
+
+    >>> bucket = TokenBucket(1000, now=0.0)
+    >>> bucket.take(1000, now=0.0), bucket.take(500, now=0.0), bucket.take(500, now=1.0)
+    (0.0, 0.5, 0.0)
+    """
+
+    __slots__ = ("_at", "_rate", "_tokens")
+
+    def __init__(self, rate: int, *, now: float) -> None:
+        self._rate = float(rate)
+        self._tokens = float(rate)
+        self._at = now
+
+    def take(self, n: int, *, now: float) -> float:
+        """Spend ``n`` bytes at time ``now``; return the seconds to wait first (0.0: none)."""
+        self._tokens = min(self._rate, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        self._tokens -= n
+        if self._tokens >= 0:
+            return 0.0
+        wait = -self._tokens / self._rate
+        self._tokens, self._at = 0.0, now + wait  # the wait pays the debt
+        return wait
 
 
 @attrs.frozen

@@ -62,6 +62,7 @@ from ckpt.domain.room import longest_name, require_room, require_rule_room
 if TYPE_CHECKING:
     from ckpt.domain.ports import WatchStore
     from ckpt.domain.rules import Rule
+    from ckpt.domain.tiered_ports import TransferLimits
     from ckpt.integrations.replicator import BackgroundReplicator
     from ckpt.store import Tiers
 
@@ -120,13 +121,17 @@ def open_job(
     store: WatchStore | None = None,
     world_size: int | None = None,
     durable: str | None = None,
+    durable_max_bandwidth: int | str | None = None,
+    durable_concurrency: int | None = None,
 ) -> Job:
     """Gather the job's settings (rule 1) and open its store; ``InvalidError`` names what is missing.
 
     ``store`` replaces ``root``/``config`` (for tests with ``ckpt.testing.InMemoryStore``). ``world_size``
     (else ``WORLD_SIZE`` when set and non-empty) is this run's number of processes, recorded (rule 4).
     ``durable`` (else ``CKPT_DURABLE`` when set and non-empty) is the tiered mode's durable root, opened with
-    the same configuration (rule 7).
+    the same configuration (rule 7); ``durable_max_bandwidth`` (bytes per second, an int or a rate such as
+    ``"200M"``; else ``CKPT_DURABLE_MAX_BANDWIDTH``) and ``durable_concurrency`` (else
+    ``CKPT_DURABLE_CONCURRENCY``) bound the replication (spec/tiered.md §12).
     """
     env = os.environ if environ is None else environ
     size = None if world_size is None else validate_world_size(world_size)
@@ -168,11 +173,28 @@ def open_job(
 
         if not durable:
             raise InvalidError("durable= is empty: give the durable root, or leave it out")
-        tiers = open_tiers(store, open_store(durable, config=loaded, environ=env))
+        limits = _limits(env, durable_max_bandwidth, durable_concurrency)
+        tiers = open_tiers(store, open_store(durable, config=loaded, environ=env), limits)
         from ckpt.adapters.posix.tiered import make_dirs
 
         make_dirs(tiers.fast.root)  # a new node, or one that lost its disk (spec/tiered.md §6.5)
     return Job(store, number, attempt, size, tiers)
+
+
+def _limits(env: Mapping[str, str], bandwidth: int | str | None, concurrency: int | None) -> TransferLimits:
+    """Rule 7: the replication's bounds from the arguments, else the environment."""
+    from ckpt.domain.tiered_ports import TransferLimits, parse_rate
+
+    if bandwidth is None and env.get("CKPT_DURABLE_MAX_BANDWIDTH"):
+        bandwidth = parse_rate(env["CKPT_DURABLE_MAX_BANDWIDTH"], "CKPT_DURABLE_MAX_BANDWIDTH")
+    elif isinstance(bandwidth, str):
+        bandwidth = parse_rate(bandwidth, "durable_max_bandwidth")
+    if concurrency is None and env.get("CKPT_DURABLE_CONCURRENCY"):
+        text = env["CKPT_DURABLE_CONCURRENCY"]
+        if not (text.isascii() and text.isdigit()):
+            raise InvalidError(f"CKPT_DURABLE_CONCURRENCY {text!r}: give an integer from 1 to 64")
+        concurrency = int(text)
+    return TransferLimits(8 if concurrency is None else concurrency, bandwidth)
 
 
 def distributed() -> Any | None:

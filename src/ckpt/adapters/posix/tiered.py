@@ -10,6 +10,9 @@ Rules (docs/spec/tiered.md §4.2-§4.3):
    part of a save and are left out. A missing save lists as ``None`` (fast) or nothing (durable).
 3. The SHA-256 a POSIX durable root records for a file is the one read back from it.
 4. A failing system call is a ``StorageError`` naming the file and what the system said.
+5. With ``max_bandwidth`` (bytes per second) the copies into this root (``put``: replication) are read
+   and written in 1 MiB chunks, each waiting as one ``TokenBucket`` shared by every copy says
+   (spec/tiered.md §12.3); restores out of it (``fetch``) are never slowed.
 """
 
 from __future__ import annotations
@@ -19,16 +22,18 @@ import os
 import re
 import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ckpt.domain.errors import StorageError
 from ckpt.domain.manifest import Listed
-from ckpt.domain.tiered_ports import Stored
+from ckpt.domain.tiered_ports import Stored, TokenBucket
 
 __all__ = ["PosixTierFiles", "make_dirs", "sha256_of"]
 
 _CHUNK = 8 << 20
+_MiB = 1 << 20
 _TEMP = re.compile(r"\..+\.ckpt-tmp-[0-9a-f]{16}")
 
 
@@ -76,10 +81,29 @@ def make_dirs(path: str) -> None:
 class PosixTierFiles:
     """The ``FastFiles`` and ``DurableFiles`` ports over one POSIX root (an absolute path)."""
 
-    __slots__ = ("root",)
+    __slots__ = ("_bucket", "_clock", "_sleep", "root")
 
-    def __init__(self, root: str) -> None:
+    def __init__(
+        self,
+        root: str,
+        *,
+        max_bandwidth: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.root = root.rstrip("/") or "/"
+        self._clock, self._sleep = clock, sleep
+        self._bucket = None if max_bandwidth is None else TokenBucket(max_bandwidth, now=clock())
+
+    def _throttled_copy(self, source: str, target: str) -> None:
+        """Rule 5: copy in 1 MiB chunks, each after the wait the shared bucket asks for."""
+        assert self._bucket is not None
+        with open(source, "rb") as src, open(target, "wb") as dst:
+            while chunk := src.read(_MiB):
+                wait = self._bucket.take(len(chunk), now=self._clock())
+                if wait > 0:
+                    self._sleep(wait)
+                dst.write(chunk)
 
     def _path(self, save: str, path: str = "") -> str:
         return os.path.join(self.root, save, path) if path else os.path.join(self.root, save)
@@ -176,7 +200,10 @@ class PosixTierFiles:
 
     def put(self, local_path: str, save: str, path: str, sha256: str, size: int) -> None:
         def copy(temp: str) -> None:
-            shutil.copyfile(local_path, temp)
+            if self._bucket is None:
+                shutil.copyfile(local_path, temp)
+            else:
+                self._throttled_copy(local_path, temp)
 
         problem = self.install(save, path, copy, sha256)
         if problem is not None:

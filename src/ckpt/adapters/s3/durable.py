@@ -27,6 +27,9 @@ Rules:
    ``PutObject`` or ``CreateMultipartUpload``, and the owner to every part and the completion), the manifest
    goes through ``Bucket.put_object``, and the heads, listings, reads and the managed download carry
    ``ExpectedBucketOwner``.
+6. ``concurrency`` is the transfer's ``max_concurrency`` (parts in flight per file); ``max_bandwidth``
+   (bytes per second) its ``max_bandwidth``, boto3's own bound, on uploads only: a restore, which a job
+   waits for, is never slowed (spec/tiered.md §12).
 """
 
 from __future__ import annotations
@@ -78,26 +81,43 @@ def _comparable_etag(head: dict[str, Any]) -> str | None:
 class S3DurableFiles:
     """The ``DurableFiles`` port over one S3 root (rules 1-5)."""
 
-    __slots__ = ("_bucket", "_concurrency", "_part_size", "_transfer")
+    __slots__ = ("_bucket", "_concurrency", "_max_bandwidth", "_part_size", "_transfers")
 
-    def __init__(self, bucket: Bucket, *, concurrency: int = 8, part_size: int = 8 * _MiB) -> None:
+    def __init__(
+        self,
+        bucket: Bucket,
+        *,
+        concurrency: int = 8,
+        part_size: int = 8 * _MiB,
+        max_bandwidth: int | None = None,
+    ) -> None:
         self._bucket = bucket
         self._concurrency = concurrency
-        self._transfer: Any = None
+        self._max_bandwidth = max_bandwidth
+        self._transfers: dict[bool, Any] = {}
         self._part_size = part_size
 
-    def _s3transfer(self) -> Any:
-        if self._transfer is None:
-            from boto3.s3.transfer import S3Transfer, TransferConfig  # lazily: only a tiered S3 root
+    def transfer_config(self, *, upload: bool = True) -> Any:
+        """The ``TransferConfig`` boto3's transfer runs with (rule 6): the uploads (replication) with the
+        root's concurrency and bandwidth bound, the downloads (restores) with its concurrency only."""
+        from boto3.s3.transfer import TransferConfig  # lazily: only a tiered S3 root
 
-            config = TransferConfig(
-                multipart_threshold=self._part_size,
-                multipart_chunksize=self._part_size,
-                max_concurrency=self._concurrency,
-                use_threads=True,
+        return TransferConfig(
+            multipart_threshold=self._part_size,
+            multipart_chunksize=self._part_size,
+            max_concurrency=self._concurrency,
+            max_bandwidth=self._max_bandwidth if upload else None,
+            use_threads=True,
+        )
+
+    def _s3transfer(self, *, upload: bool = True) -> Any:
+        if upload not in self._transfers:
+            from boto3.s3.transfer import S3Transfer
+
+            self._transfers[upload] = S3Transfer(
+                client=self._bucket.client, config=self.transfer_config(upload=upload)
             )
-            self._transfer = S3Transfer(client=self._bucket.client, config=config)
-        return self._transfer
+        return self._transfers[upload]
 
     def _key(self, save: str, path: str) -> str:
         return self._bucket.key(f"{save}/{path}")
@@ -149,7 +169,7 @@ class S3DurableFiles:
     def fetch(self, save: str, path: str, local_path: str) -> None:
         key = self._key(save, path)
         with self._bucket.errors("download", self._bucket.url(key)):
-            self._s3transfer().download_file(
+            self._s3transfer(upload=False).download_file(
                 self._bucket.root.bucket, key, local_path, extra_args=self._bucket.settings.request_params()
             )
 
