@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -917,3 +918,88 @@ class TestTransferLimits:
             open_job(environ={**env, "CKPT_DURABLE_MAX_BANDWIDTH": "1 K"})
         with pytest.raises(InvalidError, match="CKPT_DURABLE_CONCURRENCY 'many'"):
             open_job(environ={**env, "CKPT_DURABLE_CONCURRENCY": "many"})
+
+
+class TestReplicationMetrics:
+    """``ckpt replicate --metrics-port`` (cli.md §14.7, ckpt.adapters.prometheus rule 3a) and ``--json``'s
+    ``lag_steps`` (tiered.md §11.1)."""
+
+    def test_a_running_replicator_serves_what_it_copied_and_the_lag(self, roots: tuple[Path, Path]) -> None:
+        from test_watch_metrics import Sidecar, scrape
+
+        fast, durable = roots
+        options = ["--to", str(durable), "--interval", "0.1", "--metrics-port", "0"]
+        sidecar = Sidecar(fast, *options, command="replicate")
+        try:
+            url = sidecar.wait_for_line(r"serving metrics at (http://127\.0\.0\.1:\d+/metrics)").group(1)
+
+            def until(name: str, value: float) -> dict[str, float]:
+                deadline = time.monotonic() + 30
+                while True:
+                    _, samples = scrape(url)
+                    if samples.get(name) == value or time.monotonic() > deadline:
+                        return samples
+                    time.sleep(0.05)
+
+            samples = until("ckpt_replicate_saves_published_total", 2)
+            assert samples["ckpt_replicate_saves_published_total"] == 2
+            assert samples["ckpt_replicate_files_copied_total"] == 2 * FILES_PER_SAVE
+            save_bytes = sum(len(b) for b in files_of(fast / "exec" / "a" / "checkpoint-100").values())
+            save_bytes += sum(len(b) for b in files_of(fast / "exec" / "a" / "checkpoint-200").values())
+            assert samples["ckpt_replicate_bytes_copied_total"] == save_bytes
+            newest = samples["ckpt_replicate_last_durable_epoch"], samples["ckpt_replicate_last_durable_step"]
+            assert newest == (5, 200)
+            assert samples["ckpt_replicate_pass_failures_total"] == 0
+            samples = until("ckpt_replicate_entries_pending", 0)
+            assert (samples["ckpt_replicate_lag_steps"], samples["ckpt_replicate_lag_seconds"]) == (0, 0)
+            # A save whose copy cannot be installed (a folder where a file must go, on the durable root):
+            # every pass fails and is retried; the entry waits, and the lag shows it.
+            (durable / "exec" / "a" / "checkpoint-300" / "model.safetensors").mkdir(parents=True)
+            publish(fast, 5, 300, hf_save(fast, "a", 300))
+            samples = until("ckpt_replicate_entries_pending", 1)
+            assert samples["ckpt_replicate_entries_pending"] == 1
+            assert samples["ckpt_replicate_lag_steps"] == 100
+            assert samples["ckpt_replicate_pass_failures_total"] >= 1
+            assert samples["ckpt_replicate_verification_failures_total"] == 0  # it failed; nothing was wrong
+            assert samples["ckpt_replicate_saves_published_total"] == 2
+            assert sidecar.stop() == 0
+        finally:
+            sidecar.kill()
+
+    def test_json_reports_the_lag_after_the_pass(self, roots: tuple[Path, Path]) -> None:
+        fast, durable = roots
+        publish(fast, 5, 300, hf_save(fast, "a", 300, complete=False))  # passed over under the rule
+        options = ["--to", str(durable), "--once", "--framework", "hf"]
+        result = run("--json", "--root", str(fast), "replicate", *options)
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        assert [e["step"] for e in document["published"]] == [100, 200]
+        assert document["lag_steps"] == 100  # the newest fast entry is not durable
+
+    def test_lag_seconds_and_verification_failures_on_a_fake_clock(self) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from ckpt.adapters.prometheus import ReplicationMetrics
+        from ckpt.application.replication import Replicated
+        from ckpt.domain.entries import Entry
+
+        now = [10.0]
+        registry = CollectorRegistry()
+        metrics = ReplicationMetrics(registry, "test", clock=lambda: now[0])
+        first, second = Entry(1, 10, "exec/a/ck-10"), Entry(1, 20, "exec/a/ck-20")
+        failed = Replicated(failure="cannot verify s3://b/x", verification_failed=True, newest_fast=second)
+        metrics.passed(failed, (first, second))
+        now[0] = 25.0
+        metrics.passed(Replicated(published=(first,), newest_fast=second, newest_durable=first), (second,))
+        now[0] = 40.0
+
+        def value(name: str) -> float | None:
+            return registry.get_sample_value(f"ckpt_replicate_{name}")
+
+        assert value("lag_seconds") == 30.0  # ck-20 has waited since it was first seen, at 10
+        assert value("lag_steps") == 10
+        assert (value("verification_failures_total"), value("pass_failures_total")) == (1, 1)
+        assert value("seconds_since_last_successful_pass") == 15.0
+        metrics.passed(Replicated(published=(second,), newest_fast=second, newest_durable=second), ())
+        assert (value("lag_seconds"), value("lag_steps"), value("entries_pending")) == (0.0, 0, 0)
+        assert (value("saves_published_total"), value("passes_total")) == (2, 3)

@@ -141,11 +141,11 @@ def environment() -> dict[str, str]:
 
 
 class Sidecar:
-    """A running ``ckpt watch`` whose stderr is read line by line."""
+    """A running ``ckpt watch`` (or another long-running ``command``) whose stderr is read line by line."""
 
-    def __init__(self, root: Path, *args: str) -> None:
+    def __init__(self, root: Path, *args: str, command: str = "watch") -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ckpt", "--root", str(root), "watch", *args],
+            [sys.executable, "-m", "ckpt", "--root", str(root), command, *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

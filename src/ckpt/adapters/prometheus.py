@@ -1,4 +1,5 @@
-"""The watcher's metrics in the Prometheus text format, served over HTTP (``ckpt watch --metrics-port``).
+"""The watcher's and the replicator's metrics in the Prometheus text format, served over HTTP
+(``ckpt watch --metrics-port``, ``ckpt replicate --metrics-port``).
 
 Rules:
 
@@ -20,6 +21,24 @@ Rules:
    ``ckpt_watch_saves_waiting``                              save folders the last scan found unpublished
    ``ckpt_build_info{version="..."}``                        1, labelled with the package version
    ========================================================  ==============================================
+3a. The replicator knows nothing of Prometheus either: :class:`ReplicationMetrics` is fed one
+   ``Replicated`` per pass (or the failure of a pass that could not read a log). What a scrape shows
+   (throughput is ``rate(ckpt_replicate_bytes_copied_total[...])``):
+
+   ========================================================  ==============================================
+   ``ckpt_replicate_saves_published_total``                  entries this replicator created (durable root)
+   ``ckpt_replicate_files_copied_total`` / ``..._bytes_...``  files and bytes copied and verified
+   ``ckpt_replicate_files_present_total``                    files found already durable, not copied again
+   ``ckpt_replicate_passes_total``                           passes that ended (successful or not)
+   ``ckpt_replicate_pass_failures_total``                    passes that failed (each is retried)
+   ``ckpt_replicate_verification_failures_total``            passes failed by a copy that did not verify
+   ``ckpt_replicate_entries_pending``                        fast entries not yet durable after the pass
+   ``ckpt_replicate_lag_steps``                              steps between the roots' greatest entries
+   ``ckpt_replicate_lag_seconds``                            how long the oldest pending entry has waited,
+                                                             since this replicator first saw it (0: none)
+   ``ckpt_replicate_last_durable_epoch`` / ``..._step``       the durable root's greatest entry
+   ``ckpt_replicate_seconds_since_last_successful_pass``     as the watcher's scan gauge
+   ========================================================  ==============================================
 4. The server binds the address given (``127.0.0.1`` unless told otherwise: metrics are not for the world
    unless the operator says so) and serves from a daemon thread, so it never keeps the process alive.
 """
@@ -31,10 +50,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ckpt.application.replication import Replicated
 from ckpt.application.watcher import ScanReport
+from ckpt.domain.entries import Entry
 from ckpt.domain.errors import InvalidError
 
-__all__ = ["MetricsServer", "WatchMetrics", "serve_watch_metrics"]
+__all__ = [
+    "MetricsServer",
+    "ReplicationMetrics",
+    "WatchMetrics",
+    "serve_replication_metrics",
+    "serve_watch_metrics",
+]
 
 # Scans list a folder or two: usually milliseconds on POSIX, up to seconds on a slow S3 endpoint, and at
 # most the scan timeout (default 120 s).
@@ -96,13 +123,7 @@ class WatchMetrics:
             "Save folders the last scan found not yet published (settling or incomplete).",
             registry=registry,
         )
-        info = prometheus.Gauge(
-            "ckpt_build_info",
-            "Always 1; the label says which ckpt build runs.",
-            ["version"],
-            registry=registry,
-        )
-        info.labels(version=version).set(1)
+        _build_info(prometheus, registry, version)
 
     def _seconds_since_success(self) -> float:
         with self._lock:
@@ -123,6 +144,88 @@ class WatchMetrics:
                 self._last_success = self._clock()
         else:
             self._errors.inc()
+
+
+def _build_info(prometheus: Any, registry: Any, version: str) -> None:
+    info = prometheus.Gauge(
+        "ckpt_build_info", "Always 1; the label says which ckpt build runs.", ["version"], registry=registry
+    )
+    info.labels(version=version).set(1)
+
+
+class ReplicationMetrics:
+    """The replicator's metrics in ``registry`` (rule 3a), fed by :meth:`passed` after every pass."""
+
+    def __init__(self, registry: Any, version: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        prometheus = _prometheus()
+        self.registry = registry
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_success = clock()
+        self._waiting_since: dict[Entry, float] = {}
+
+        def counter(name: str, text: str) -> Any:
+            return prometheus.Counter(f"ckpt_replicate_{name}", text, registry=registry)
+
+        def gauge(name: str, text: str) -> Any:
+            return prometheus.Gauge(f"ckpt_replicate_{name}", text, registry=registry)
+
+        self._published = counter("saves_published", "Entries this replicator created on the durable root.")
+        self._files = counter("files_copied", "Files copied and verified.")
+        self._bytes = counter("bytes_copied", "Bytes copied and verified.")
+        self._present = counter("files_present", "Files found already durable and not copied again.")
+        self._passes = counter("passes", "Passes that ended, successful or not.")
+        self._failures = counter("pass_failures", "Passes that failed (the next pass retries).")
+        self._verification = counter(
+            "verification_failures", "Passes failed by a copy that did not verify."
+        )
+        self._pending = gauge("entries_pending", "Fast entries not yet durable after the last pass.")
+        self._lag_steps = gauge("lag_steps", "Steps between the two roots' greatest entries.")
+        lag_seconds = gauge("lag_seconds", "Seconds the oldest entry not yet durable has waited (0: none).")
+        lag_seconds.set_function(self._lag_seconds)
+        self._epoch = gauge("last_durable_epoch", "Epoch of the durable root's greatest entry.")
+        self._step = gauge("last_durable_step", "Step of the durable root's greatest entry.")
+        since = gauge(
+            "seconds_since_last_successful_pass",
+            "Seconds since the last successful pass ended (since start-up while none has).",
+        )
+        since.set_function(self._seconds_since_success)
+        _build_info(prometheus, registry, version)
+
+    def _seconds_since_success(self) -> float:
+        with self._lock:
+            return max(0.0, self._clock() - self._last_success)
+
+    def _lag_seconds(self) -> float:
+        with self._lock:
+            oldest = min(self._waiting_since.values(), default=None)
+            return 0.0 if oldest is None else max(0.0, self._clock() - oldest)
+
+    def passed(self, outcome: Replicated | None, pending: tuple[Entry, ...] = ()) -> None:
+        """Count one pass: its outcome, or ``None`` for a pass that failed before it began; ``pending`` are
+        the fast entries not yet durable after it."""
+        self._passes.inc()
+        if outcome is None:
+            self._failures.inc()
+            return
+        self._published.inc(len(outcome.published))
+        self._files.inc(outcome.files_copied)
+        self._bytes.inc(outcome.bytes_copied)
+        self._present.inc(outcome.files_present)
+        self._pending.set(len(pending))
+        self._lag_steps.set(outcome.lag_steps)
+        if outcome.newest_durable is not None:
+            self._epoch.set(outcome.newest_durable.epoch)
+            self._step.set(outcome.newest_durable.step)
+        now = self._clock()
+        with self._lock:
+            self._waiting_since = {e: self._waiting_since.get(e, now) for e in pending}
+            if outcome.failure is None:
+                self._last_success = now
+        if outcome.failure is not None:
+            self._failures.inc()
+            if outcome.verification_failed:
+                self._verification.inc()
 
 
 class MetricsServer:
@@ -154,9 +257,23 @@ def serve_watch_metrics(address: str, port: int, version: str) -> tuple[WatchMet
     prometheus = _prometheus()
     registry = prometheus.CollectorRegistry()
     metrics = WatchMetrics(registry, version)
+    return metrics, _serve(prometheus, registry, address, port)
+
+
+def serve_replication_metrics(
+    address: str, port: int, version: str
+) -> tuple[ReplicationMetrics, MetricsServer]:
+    """The replicator's metrics (rule 3a), served as :func:`serve_watch_metrics` serves the watcher's."""
+    prometheus = _prometheus()
+    registry = prometheus.CollectorRegistry()
+    metrics = ReplicationMetrics(registry, version)
+    return metrics, _serve(prometheus, registry, address, port)
+
+
+def _serve(prometheus: Any, registry: Any, address: str, port: int) -> MetricsServer:
     try:
         server, thread = prometheus.start_http_server(port, addr=address, registry=registry)
     except OSError as exc:
         where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
         raise OSError(exc.errno, f"cannot serve metrics at {where}: {exc.strerror or exc}") from None
-    return metrics, MetricsServer(server, thread, address)
+    return MetricsServer(server, thread, address)

@@ -28,7 +28,7 @@ import attrs
 
 from ckpt.application.verify import why_incomplete
 from ckpt.domain.entries import Entry
-from ckpt.domain.errors import CkptError, ExistsError
+from ckpt.domain.errors import CkptError, ExistsError, VerificationError
 from ckpt.domain.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -60,6 +60,17 @@ class Replicated:
     files_copied: int = 0
     bytes_copied: int = 0
     files_present: int = 0  # files the durable root already held (same size and digest)
+    verification_failed: bool = False  # the failure is a copy that did not verify
+    newest_fast: Entry | None = None  # the fast root's greatest entry, as the pass listed it
+    newest_durable: Entry | None = None  # the durable root's greatest entry once the pass ended
+
+    @property
+    def lag_steps(self) -> int:
+        """Steps between the two roots' greatest entries (spec/tiered.md §11.1)."""
+        if self.newest_fast is None:
+            return 0
+        behind = self.newest_fast.step - (0 if self.newest_durable is None else self.newest_durable.step)
+        return max(behind, 0)
 
 
 @attrs.define
@@ -69,6 +80,7 @@ class _Pass:
     files_copied: int = 0
     bytes_copied: int = 0
     files_present: int = 0
+    newest: tuple[Entry | None, Entry | None] = (None, None)  # fast and durable, as listed at the start
 
 
 class _Stopped(Exception):  # noqa: N818 - control flow inside one pass
@@ -119,6 +131,7 @@ def replicate(
     already = sum(1 for entry in on_fast if entry in done)
     older = len(on_fast) - already - len(todo)
     tally = _Pass()
+    tally.newest = (max(on_fast, default=None), newest)
     for index, entry in enumerate(todo):
         try:
             if rule is not None:
@@ -143,7 +156,11 @@ def replicate(
             return _outcome(tally, (already, older), todo[index:], stopped=True)
         except CkptError as exc:
             return _outcome(
-                tally, (already, older), todo[index:], failure=f"{durable.location(entry)}: {exc}"
+                tally,
+                (already, older),
+                todo[index:],
+                failure=f"{durable.location(entry)}: {exc}",
+                verification=isinstance(exc, VerificationError),
             )
     return _outcome(tally, (already, older), [])
 
@@ -155,7 +172,11 @@ def _outcome(
     *,
     failure: str | None = None,
     stopped: bool = False,
+    verification: bool = False,
 ) -> Replicated:
+    fast_newest, durable_newest = tally.newest
+    if tally.published:
+        durable_newest = max([*tally.published, *([] if durable_newest is None else [durable_newest])])
     return Replicated(
         published=tuple(tally.published),
         already=counts[0],
@@ -167,6 +188,9 @@ def _outcome(
         files_copied=tally.files_copied,
         bytes_copied=tally.bytes_copied,
         files_present=tally.files_present,
+        verification_failed=verification,
+        newest_fast=fast_newest,
+        newest_durable=durable_newest,
     )
 
 

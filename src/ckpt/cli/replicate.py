@@ -16,15 +16,20 @@ Rules:
    command then exits 1, otherwise the next pass starts again from that entry.
 5. ``--json``: one document at the end, ``{"published": [entry], "passed": [{"entry": entry, "reason":
    str}], "pending": [entry], "failure": str | null, "files_copied": int, "bytes_copied": int,
-   "files_present": int}`` (published entries at their durable locations, the others at their fast ones).
+   "files_present": int, "lag_steps": int}`` (published entries at their durable locations, the others at
+   their fast ones; ``lag_steps`` as spec/tiered.md §11.1 after the last pass).
 6. ``--concurrency N`` (1 to 64, default 8) is the parallel transfers per file on an S3 durable root;
    ``--max-bandwidth RATE`` (``ckpt.domain.tiered_ports.parse_rate``) bounds the bytes per second of all
    the copies into the durable root (spec/tiered.md §12). Anything else is exit 2.
+7. ``--metrics-port PORT`` [``--metrics-address ADDR``] serve the replicator's metrics
+   (``ckpt.adapters.prometheus`` rule 3a) as ``watch`` serves its own (``ckpt.cli.watch`` rule 7); the URL
+   is one stderr line before the first pass.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import threading
 from typing import Any
 
@@ -57,7 +62,25 @@ def register(commands: Any) -> None:
         metavar="RATE",
         help="bytes per second the copies may take in all (200M, 1Gi; default: no bound)",
     )
+    p.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        help="serve Prometheus metrics at http://ADDR:PORT/metrics (0: any free port; the metrics extra)",
+    )
+    p.add_argument(
+        "--metrics-address", metavar="ADDR", help="IP address the metrics endpoint listens on (127.0.0.1)"
+    )
     p.set_defaults(handler=_handle)
+
+
+def _pending_after(fast: Any, last: Any) -> list[Any]:
+    """The fast entries not yet durable after the pass ``last`` (spec/tiered.md §11.1): its own when it
+    stopped or failed, else those greater than the durable root's greatest (one listing of the fast root)."""
+    if last.pending:
+        return list(last.pending)
+    passed = {entry for entry, _ in last.passed}
+    newest = last.newest_durable
+    return [e for e in fast.entries() if (newest is None or e > newest) and e not in passed]
 
 
 def _limits(args: Any) -> Any:
@@ -91,19 +114,28 @@ def open_tier(ctx: Any, durable: str, limits: Any = None) -> tuple[Any, Any, Any
 
 def _handle(ctx: Any) -> int:
     from ckpt.application.replication import Replicated, replicate
-    from ckpt.cli.watch import parse_seconds
+    from ckpt.cli.watch import metrics_endpoint, parse_seconds
     from ckpt.stopping import stop_on_signals
 
     args = ctx.args
     interval = 10.0 if args.interval is None else parse_seconds(args.interval, "--interval", allow_zero=False)
     stop = threading.Event()
-    with stop_on_signals(stop):  # rule 2: installed before anything is opened
+    with stop_on_signals(stop), contextlib.ExitStack() as cleanup:  # rule 2: before anything is opened
+        metrics = None
+        endpoint = metrics_endpoint(args)  # rule 7
         rule = None
         if args.framework is not None:
             from ckpt.application.rulebook import find_rule
 
             rule = find_rule(args.framework, configured=ctx.config().frameworks)
         fast, fast_files, durable, durable_files = open_tier(ctx, args.to, _limits(args))
+        if endpoint is not None:
+            from ckpt import __version__
+            from ckpt.adapters.prometheus import serve_replication_metrics
+
+            metrics, server = serve_replication_metrics(*endpoint, version=__version__)
+            cleanup.callback(server.close)
+            ctx.warn(f"serving metrics at {server.url}")
         published: list[Any] = []
         totals = [0, 0, 0]
         last = Replicated()
@@ -111,6 +143,8 @@ def _handle(ctx: Any) -> int:
             try:
                 last = replicate(fast, fast_files, durable, durable_files, rule=rule, stop=stop.is_set)
             except CkptError as exc:  # rule 4: a log that cannot be read ends only a --once run
+                if metrics is not None:
+                    metrics.passed(None)
                 if args.once:
                     raise
                 ctx.warn(f"replication failed: {exc}")
@@ -118,6 +152,12 @@ def _handle(ctx: Any) -> int:
                     break
                 continue
             published += last.published
+            if metrics is not None:
+                try:
+                    metrics.passed(last, tuple(_pending_after(fast, last)))
+                except CkptError as exc:
+                    ctx.warn(f"cannot tell which entries are not yet durable: {exc}")
+                    metrics.passed(last, last.pending)
             totals = [
                 totals[0] + last.files_copied,
                 totals[1] + last.bytes_copied,
@@ -153,6 +193,7 @@ def _handle(ctx: Any) -> int:
                 "files_copied": totals[0],
                 "bytes_copied": totals[1],
                 "files_present": totals[2],
+                "lag_steps": last.lag_steps,
             },
             ctx.stdout,
         )

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from ckpt.domain.rules import Rule
     from ckpt.domain.rules.custom import CustomRule
 
-__all__ = ["register", "run"]
+__all__ = ["metrics_endpoint", "register", "run"]
 
 _log = logging.getLogger("ckpt.watch")
 
@@ -262,7 +262,7 @@ def _world_size(args: argparse.Namespace, environ: Mapping[str, str]) -> int | N
         raise InvalidError(f"WORLD_SIZE in the environment: {exc}") from exc
 
 
-def _metrics_endpoint(args: argparse.Namespace) -> tuple[str, int] | None:
+def metrics_endpoint(args: argparse.Namespace) -> tuple[str, int] | None:
     """``(address, port)`` from ``--metrics-address`` and ``--metrics-port``, or ``None`` (rule 7)."""
     import ipaddress
 
@@ -336,7 +336,7 @@ def run(
     world_size = _world_size(args, env)
     framework = find_rule(args.framework, world_size=world_size, configured=configured)
     location = saves_location(store, args, env, framework)  # rule 9: before the epoch record
-    endpoint = _metrics_endpoint(args)
+    endpoint = metrics_endpoint(args)
     attempt = _attempt(args, env)
     if attempt is None and getattr(args, "saves", None):
         attempt = attempt_of_saves(store.save_of(location))  # rule 8: exec/<attempt>/<sub-folder>

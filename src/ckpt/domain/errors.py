@@ -130,6 +130,10 @@ class StorageError(CkptError, OSError):
         return str(self.args[0])
 
 
+class VerificationError(StorageError):
+    """A copy that does not verify: the bytes stored are not the bytes sent (spec/tiered.md §4)."""
+
+
 class NotFoundError(StorageError, FileNotFoundError):
     """The root, bucket, folder or save the operation needs does not exist."""
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ckpt.domain.errors import StorageError
+from ckpt.domain.errors import StorageError, VerificationError
 from ckpt.domain.manifest import Listed
 from ckpt.domain.tiered_ports import Stored, TokenBucket
 
@@ -207,9 +207,9 @@ class PosixTierFiles:
 
         problem = self.install(save, path, copy, sha256)
         if problem is not None:
-            raise StorageError(f"cannot copy {local_path!r} to {self._path(save, path)!r}: {problem}")
+            raise VerificationError(f"cannot copy {local_path!r} to {self._path(save, path)!r}: {problem}")
         if os.lstat(self._path(save, path)).st_size != size:  # the digest already says so; belt and braces
-            raise StorageError(f"cannot copy {local_path!r}: the copy has not {size} bytes")
+            raise VerificationError(f"cannot copy {local_path!r}: the copy has not {size} bytes")
 
     def fetch(self, save: str, path: str, local_path: str) -> None:
         with _storage("read", self._path(save, path)):

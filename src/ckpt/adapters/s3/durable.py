@@ -42,7 +42,7 @@ from typing import Any
 
 from ckpt.adapters.s3.errors import botocore_errors
 from ckpt.adapters.s3.objects import Bucket
-from ckpt.domain.errors import StorageError
+from ckpt.domain.errors import StorageError, VerificationError
 from ckpt.domain.manifest import MAX_MANIFEST_BYTES, Listed
 from ckpt.domain.tiered_ports import Stored
 
@@ -150,17 +150,17 @@ class S3DurableFiles:
                 raise StorageError(f"cannot upload {url}: {exc}", location=url) from None
         head = self._bucket.head_answer(key, action="read")  # rule 2
         if head is None:
-            raise StorageError(f"cannot verify {url}: the storage holds nothing there", location=url)
+            raise VerificationError(f"cannot verify {url}: the storage holds nothing there", location=url)
         held, digest = int(head.get("ContentLength", -1)), (head.get("Metadata") or {}).get(DIGEST_METADATA)
         if held != size or digest != sha256:
-            raise StorageError(
+            raise VerificationError(
                 f"cannot verify {url}: expected {size} bytes, sha256 {sha256}; the storage holds {held} "
                 f"bytes, sha256 {digest}",
                 location=url,
             )
         stored_etag = _comparable_etag(head)
         if stored_etag is not None and stored_etag != etag:
-            raise StorageError(
+            raise VerificationError(
                 f"cannot verify {url}: the storage computed ETag {stored_etag} from the bytes it received, "
                 f"the file's bytes give {etag}: the upload was changed on the way",
                 location=url,
