@@ -821,7 +821,7 @@ class TestDoctorBothRoots:
         ]
 
 
-class TestTransferLimits:
+class TestTransferSettings:
     """``--concurrency`` and ``--max-bandwidth`` (tiered.md §12, cli.md §14.6)."""
 
     @pytest.mark.parametrize(
@@ -887,12 +887,12 @@ class TestTransferLimits:
         self, tmp_path: Path, s3: tuple[Any, str, str]
     ) -> None:
         from ckpt.config import load_config
-        from ckpt.domain.tiered_ports import TransferLimits
+        from ckpt.domain.tiered_ports import TransferSettings
         from ckpt.store import open_store, tier_files
 
         _, root, config = s3
         store = open_store(root, config=load_config(config), environ=KEYS)
-        files = tier_files(store, TransferLimits(3, 5_000_000))
+        files = tier_files(store, TransferSettings(3, 5_000_000))
         upload, download = files.transfer_config(), files.transfer_config(upload=False)
         assert (upload.max_request_concurrency, upload.max_bandwidth) == (3, 5_000_000)
         assert (download.max_request_concurrency, download.max_bandwidth) == (3, None)
@@ -1003,3 +1003,49 @@ class TestReplicationMetrics:
         metrics.passed(Replicated(published=(second,), newest_fast=second, newest_durable=second), ())
         assert (value("lag_seconds"), value("lag_steps"), value("entries_pending")) == (0.0, 0, 0)
         assert (value("saves_published_total"), value("passes_total")) == (2, 3)
+
+
+class TestChecksumChoice:
+    """``ckpt replicate --checksum`` (tiered.md §12.5): the S3 additional checksum of every upload."""
+
+    def test_sha256_on_every_upload(
+        self, tmp_path: Path, s3: tuple[Any, str, str], s3_server_kind: str
+    ) -> None:
+        client, root, config = s3
+        fast = tmp_path / "fast"
+        publish(fast, 5, 100, hf_save(fast, "a", 100, size=9 << 20))  # one multipart file, two single ones
+        args = ("--config", config, "--root", str(fast), "replicate", "--to", root, "--once")
+        result = run(*args, "--checksum", "SHA256")
+        assert result.returncode == 0, result.stderr
+        bucket = root.split("/")[2]
+        for name, size in (("model.safetensors", 9 << 20), ("sub/shard.bin", len(b"shard of 100"))):
+            head = client.head_object(
+                Bucket=bucket, Key=f"tiers/exec/a/checkpoint-100/{name}", ChecksumMode="ENABLED"
+            )
+            assert head["ContentLength"] == size
+            # moto records the checksum asked for; Ceph RGW 16.2 takes the upload and reports none (§4.1).
+            assert ("ChecksumSHA256" in head) is (s3_server_kind == "moto"), head
+            assert "ChecksumCRC32" not in head
+        verified = resolve_verify(root, "--verify", "--digests", config=config)
+        assert verified.stdout == f"{root}/exec/a/checkpoint-100\n", verified.stderr
+
+    @pytest.mark.parametrize("s3_server", ["moto"], indirect=True)
+    def test_a_checksum_botocore_cannot_compute_here_is_refused_before_any_upload(
+        self, tmp_path: Path, s3: tuple[Any, str, str]
+    ) -> None:
+        import importlib.util
+
+        _, root, config = s3
+        fast = tmp_path / "fast"
+        publish(fast, 5, 100, hf_save(fast, "a", 100))
+        args = ("--config", config, "--root", str(fast), "replicate", "--to", root, "--once")
+        bad = run(*args, "--checksum", "md5")
+        assert bad.returncode == 2
+        assert "--checksum 'md5': give one of CRC32, CRC32C, CRC64NVME, SHA256" in bad.stderr
+        crc32c = run(*args, "--checksum", "CRC32C")
+        if importlib.util.find_spec("awscrt") is None:  # not a dependency: the usual case
+            assert crc32c.returncode == 2
+            assert "botocore computes it only with awscrt" in crc32c.stderr
+            assert entries(root, "--config", config) == []
+        else:
+            assert crc32c.returncode == 0, crc32c.stderr

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ckpt.config import Config
     from ckpt.creds.model import Source
     from ckpt.domain.ports import WatchStore
-    from ckpt.domain.tiered_ports import TransferLimits
+    from ckpt.domain.tiered_ports import TransferSettings
 
 __all__ = ["Tiers", "open_store", "open_tiers", "tier_files"]
 
@@ -84,22 +84,22 @@ class Tiers:
     durable_files: Any = attrs.field(eq=False)  # ckpt.domain.tiered_ports.DurableFiles
 
 
-def tier_files(store: WatchStore, limits: TransferLimits | None = None) -> Any:
+def tier_files(store: WatchStore, limits: TransferSettings | None = None) -> Any:
     """The tiered mode's files port (``ckpt.domain.tiered_ports.DurableFiles``) over ``store``'s root, its
     copies into the root bounded by ``limits`` (spec/tiered.md §12)."""
     from ckpt.adapters.posix import PosixStore
     from ckpt.adapters.posix.tiered import PosixTierFiles
-    from ckpt.domain.tiered_ports import TransferLimits
+    from ckpt.domain.tiered_ports import TransferSettings
 
-    bound = limits if limits is not None else TransferLimits()
+    bound = limits if limits is not None else TransferSettings()
     if isinstance(store, PosixStore):
         return PosixTierFiles(store.root, max_bandwidth=bound.max_bandwidth)
     return store.durable_files(  # type: ignore[attr-defined]
-        concurrency=bound.concurrency, max_bandwidth=bound.max_bandwidth
+        concurrency=bound.concurrency, max_bandwidth=bound.max_bandwidth, checksum=bound.checksum
     )
 
 
-def open_tiers(fast: WatchStore, durable: WatchStore, limits: TransferLimits | None = None) -> Tiers:
+def open_tiers(fast: WatchStore, durable: WatchStore, limits: TransferSettings | None = None) -> Tiers:
     """Pair a fast root with its durable root (spec/tiered.md §1.1), or raise ``InvalidError`` naming them.
 
     The fast root MUST be a POSIX root; the durable root is an S3 root or another POSIX root that is not the

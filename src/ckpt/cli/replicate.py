@@ -20,7 +20,8 @@ Rules:
    their fast ones; ``lag_steps`` as spec/tiered.md §11.1 after the last pass).
 6. ``--concurrency N`` (1 to 64, default 8) is the parallel transfers per file on an S3 durable root;
    ``--max-bandwidth RATE`` (``ckpt.domain.tiered_ports.parse_rate``) bounds the bytes per second of all
-   the copies into the durable root (spec/tiered.md §12). Anything else is exit 2.
+   the copies into the durable root (spec/tiered.md §12); ``--checksum`` names the S3 additional checksum
+   of every upload (§12.5). Anything else is exit 2.
 7. ``--metrics-port PORT`` [``--metrics-address ADDR``] serve the replicator's metrics
    (``ckpt.adapters.prometheus`` rule 3a) as ``watch`` serves its own (``ckpt.cli.watch`` rule 7); the URL
    is one stderr line before the first pass.
@@ -63,6 +64,11 @@ def register(commands: Any) -> None:
         help="bytes per second the copies may take in all (200M, 1Gi; default: no bound)",
     )
     p.add_argument(
+        "--checksum",
+        metavar="ALGORITHM",
+        help="S3 additional checksum of every upload: CRC32 (default), SHA256, CRC32C or CRC64NVME (awscrt)",
+    )
+    p.add_argument(
         "--metrics-port",
         metavar="PORT",
         help="serve Prometheus metrics at http://ADDR:PORT/metrics (0: any free port; the metrics extra)",
@@ -85,7 +91,7 @@ def _pending_after(fast: Any, last: Any) -> list[Any]:
 
 def _limits(args: Any) -> Any:
     """Rule 6: ``--concurrency`` and ``--max-bandwidth`` (spec/tiered.md §12)."""
-    from ckpt.domain.tiered_ports import TransferLimits, parse_rate
+    from ckpt.domain.tiered_ports import TransferSettings, parse_checksum, parse_rate
 
     concurrency = 8
     if args.concurrency is not None:
@@ -94,8 +100,9 @@ def _limits(args: Any) -> Any:
             raise InvalidError(f"--concurrency {text!r}: give an integer from 1 to 64")
         concurrency = int(text)
     bandwidth = None if args.max_bandwidth is None else parse_rate(args.max_bandwidth, "--max-bandwidth")
+    checksum = "CRC32" if args.checksum is None else parse_checksum(args.checksum, "--checksum")
     try:
-        return TransferLimits(concurrency, bandwidth)
+        return TransferSettings(concurrency, bandwidth, checksum)
     except InvalidError as exc:
         raise InvalidError(f"--{exc}") from None
 

@@ -22,12 +22,15 @@ from ckpt.domain.errors import InvalidError
 from ckpt.domain.manifest import Listed
 
 __all__ = [
+    "CHECKSUMS",
     "MAX_CONCURRENCY",
+    "NEEDS_CRT",
     "DurableFiles",
     "FastFiles",
     "Stored",
     "TokenBucket",
-    "TransferLimits",
+    "TransferSettings",
+    "parse_checksum",
     "parse_rate",
 ]
 
@@ -54,13 +57,25 @@ def parse_rate(text: str, what: str) -> int:
     return int(found[1]) * _UNITS[found[2] or ""]
 
 
+CHECKSUMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA256")  # S3's additional checksums a replicator may ask for
+NEEDS_CRT = frozenset({"CRC32C", "CRC64NVME"})  # botocore computes these only with awscrt
+
+
+def parse_checksum(text: str, what: str) -> str:
+    """One of :data:`CHECKSUMS` (case as written there), else ``InvalidError`` naming ``what`` (§12.5)."""
+    if text not in CHECKSUMS:
+        raise InvalidError(f"{what} {text!r}: give one of {', '.join(CHECKSUMS)}")
+    return text
+
+
 @attrs.frozen
-class TransferLimits:
-    """What a replicator may take (spec/tiered.md §12): parallel transfers per file, and bytes per second
-    (``None``: no bound) over all of its uploads."""
+class TransferSettings:
+    """How a replicator copies (spec/tiered.md §12): parallel transfers per file, bytes per second
+    (``None``: no bound) over all of its uploads, and the S3 additional checksum of every upload."""
 
     concurrency: int = 8
     max_bandwidth: int | None = None
+    checksum: str = "CRC32"
 
     def __attrs_post_init__(self) -> None:
         concurrency, bandwidth = self.concurrency, self.max_bandwidth
@@ -71,6 +86,7 @@ class TransferLimits:
             isinstance(bandwidth, bool) or not isinstance(bandwidth, int) or bandwidth <= 0
         ):
             raise InvalidError(f"max_bandwidth {bandwidth!r}: give a positive number of bytes per second")
+        parse_checksum(self.checksum, "checksum")
 
 
 class TokenBucket:

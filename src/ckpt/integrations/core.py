@@ -62,7 +62,7 @@ from ckpt.domain.room import longest_name, require_room, require_rule_room
 if TYPE_CHECKING:
     from ckpt.domain.ports import WatchStore
     from ckpt.domain.rules import Rule
-    from ckpt.domain.tiered_ports import TransferLimits
+    from ckpt.domain.tiered_ports import TransferSettings
     from ckpt.integrations.replicator import BackgroundReplicator
     from ckpt.store import Tiers
 
@@ -123,6 +123,7 @@ def open_job(
     durable: str | None = None,
     durable_max_bandwidth: int | str | None = None,
     durable_concurrency: int | None = None,
+    durable_checksum: str | None = None,
 ) -> Job:
     """Gather the job's settings (rule 1) and open its store; ``InvalidError`` names what is missing.
 
@@ -131,7 +132,8 @@ def open_job(
     ``durable`` (else ``CKPT_DURABLE`` when set and non-empty) is the tiered mode's durable root, opened with
     the same configuration (rule 7); ``durable_max_bandwidth`` (bytes per second, an int or a rate such as
     ``"200M"``; else ``CKPT_DURABLE_MAX_BANDWIDTH``) and ``durable_concurrency`` (else
-    ``CKPT_DURABLE_CONCURRENCY``) bound the replication (spec/tiered.md §12).
+    ``CKPT_DURABLE_CONCURRENCY``) bound the replication, and ``durable_checksum`` (else
+    ``CKPT_DURABLE_CHECKSUM``) names the S3 additional checksum of its uploads (spec/tiered.md §12).
     """
     env = os.environ if environ is None else environ
     size = None if world_size is None else validate_world_size(world_size)
@@ -173,7 +175,7 @@ def open_job(
 
         if not durable:
             raise InvalidError("durable= is empty: give the durable root, or leave it out")
-        limits = _limits(env, durable_max_bandwidth, durable_concurrency)
+        limits = _limits(env, durable_max_bandwidth, durable_concurrency, durable_checksum)
         tiers = open_tiers(store, open_store(durable, config=loaded, environ=env), limits)
         from ckpt.adapters.posix.tiered import make_dirs
 
@@ -181,9 +183,14 @@ def open_job(
     return Job(store, number, attempt, size, tiers)
 
 
-def _limits(env: Mapping[str, str], bandwidth: int | str | None, concurrency: int | None) -> TransferLimits:
-    """Rule 7: the replication's bounds from the arguments, else the environment."""
-    from ckpt.domain.tiered_ports import TransferLimits, parse_rate
+def _limits(
+    env: Mapping[str, str], bandwidth: int | str | None, concurrency: int | None, checksum: str | None
+) -> TransferSettings:
+    """Rule 7: how the replication copies, from the arguments, else the environment."""
+    from ckpt.domain.tiered_ports import TransferSettings, parse_checksum, parse_rate
+
+    if checksum is None and env.get("CKPT_DURABLE_CHECKSUM"):
+        checksum = parse_checksum(env["CKPT_DURABLE_CHECKSUM"], "CKPT_DURABLE_CHECKSUM")
 
     if bandwidth is None and env.get("CKPT_DURABLE_MAX_BANDWIDTH"):
         bandwidth = parse_rate(env["CKPT_DURABLE_MAX_BANDWIDTH"], "CKPT_DURABLE_MAX_BANDWIDTH")
@@ -194,7 +201,7 @@ def _limits(env: Mapping[str, str], bandwidth: int | str | None, concurrency: in
         if not (text.isascii() and text.isdigit()):
             raise InvalidError(f"CKPT_DURABLE_CONCURRENCY {text!r}: give an integer from 1 to 64")
         concurrency = int(text)
-    return TransferLimits(8 if concurrency is None else concurrency, bandwidth)
+    return TransferSettings(8 if concurrency is None else concurrency, bandwidth, checksum or "CRC32")
 
 
 def distributed() -> Any | None:

@@ -4,8 +4,10 @@ Rules:
 
 1. A file is uploaded with boto3's managed transfer (``S3Transfer.upload_file`` with a ``TransferConfig``:
    multipart above the threshold, parts in parallel; no part scheduler here), asking for the additional
-   checksum :data:`CHECKSUM_ALGORITHM` so that S3 checks every part as it arrives, and carrying the file's
-   SHA-256 as the metadata ``ckpt-sha256``. ``CRC32`` is what botocore computes without ``awscrt``.
+   checksum ``checksum`` (default :data:`CHECKSUM_ALGORITHM`) so that S3 checks every part as it arrives,
+   and carrying the file's SHA-256 as the metadata ``ckpt-sha256``. ``CRC32`` and ``SHA256`` are what
+   botocore computes by itself; ``CRC32C`` and ``CRC64NVME`` need ``awscrt`` (``botocore[crt]``), whose
+   absence is an ``InvalidError`` when the files are made, never at the first upload.
 2. The upload is verified with one ``HeadObject``: its ``ContentLength`` and ``ckpt-sha256`` must be the
    fast file's, and its ``ETag`` the one the file's bytes give (:func:`expected_etag`: the MD5 of the
    file, or for a multipart upload the MD5 of its parts' MD5s and ``-<parts>``, with the parts boto3's
@@ -42,9 +44,9 @@ from typing import Any
 
 from ckpt.adapters.s3.errors import botocore_errors
 from ckpt.adapters.s3.objects import Bucket
-from ckpt.domain.errors import StorageError, VerificationError
+from ckpt.domain.errors import InvalidError, StorageError, VerificationError
 from ckpt.domain.manifest import MAX_MANIFEST_BYTES, Listed
-from ckpt.domain.tiered_ports import Stored
+from ckpt.domain.tiered_ports import NEEDS_CRT, Stored
 
 __all__ = ["CHECKSUM_ALGORITHM", "DIGEST_METADATA", "ETAG_METADATA", "S3DurableFiles", "expected_etag"]
 
@@ -81,7 +83,7 @@ def _comparable_etag(head: dict[str, Any]) -> str | None:
 class S3DurableFiles:
     """The ``DurableFiles`` port over one S3 root (rules 1-5)."""
 
-    __slots__ = ("_bucket", "_concurrency", "_max_bandwidth", "_part_size", "_transfers")
+    __slots__ = ("_bucket", "_checksum", "_concurrency", "_max_bandwidth", "_part_size", "_transfers")
 
     def __init__(
         self,
@@ -90,7 +92,17 @@ class S3DurableFiles:
         concurrency: int = 8,
         part_size: int = 8 * _MiB,
         max_bandwidth: int | None = None,
+        checksum: str = CHECKSUM_ALGORITHM,
     ) -> None:
+        if checksum in NEEDS_CRT:
+            import importlib.util
+
+            if importlib.util.find_spec("awscrt") is None:
+                raise InvalidError(
+                    f"checksum {checksum}: botocore computes it only with awscrt: pip install "
+                    "'botocore[crt]', or use CRC32 or SHA256"
+                )
+        self._checksum = checksum
         self._bucket = bucket
         self._concurrency = concurrency
         self._max_bandwidth = max_bandwidth
@@ -136,7 +148,7 @@ class S3DurableFiles:
         with _local_read(local_path):
             etag = expected_etag(local_path, size, threshold=self._part_size, part_size=self._part_size)
         extra = {
-            "ChecksumAlgorithm": CHECKSUM_ALGORITHM,
+            "ChecksumAlgorithm": self._checksum,
             "Metadata": {DIGEST_METADATA: sha256, ETAG_METADATA: etag},
             **self._bucket.settings.write_params(),  # rule 5
         }
@@ -200,7 +212,7 @@ class S3DurableFiles:
     def write_small(self, save: str, path: str, data: bytes) -> None:
         key = self._key(save, path)
         with self._bucket.errors("write", self._bucket.url(key), write=True):
-            self._bucket.put_object(key, data, ChecksumAlgorithm=CHECKSUM_ALGORITHM)  # rule 5
+            self._bucket.put_object(key, data, ChecksumAlgorithm=self._checksum)  # rule 5
 
 
 def _trusted_digest(head: dict[str, Any]) -> str | None:

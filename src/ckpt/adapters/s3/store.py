@@ -299,11 +299,15 @@ class S3Store(CheckpointStore):
         prefix = self.prefix if at_root else f"{self.prefix}{self.save_of(location)}/"
         return S3Saves(self._bucket.client, self.bucket, prefix, settings=self.settings)
 
-    def durable_files(self, *, concurrency: int = 8, max_bandwidth: int | None = None) -> S3DurableFiles:
+    def durable_files(
+        self, *, concurrency: int = 8, max_bandwidth: int | None = None, checksum: str = "CRC32"
+    ) -> S3DurableFiles:
         """This root as the durable root of the tiered mode (``ckpt.adapters.s3.durable``)."""
         from ckpt.adapters.s3.durable import S3DurableFiles
 
-        return S3DurableFiles(self._bucket, concurrency=concurrency, max_bandwidth=max_bandwidth)
+        return S3DurableFiles(
+            self._bucket, concurrency=concurrency, max_bandwidth=max_bandwidth, checksum=checksum
+        )
 
     def write_file(self, location: str, name: str, data: bytes) -> None:
         """The ``WritesSmallFiles`` capability: one ``PutObject`` of ``<save>/<name>`` (rule 6)."""
