@@ -6,7 +6,7 @@ Rules:
    multipart above the threshold, parts in parallel; no part scheduler here), asking for the additional
    checksum ``checksum`` (default :data:`CHECKSUM_ALGORITHM`) so that S3 checks every part as it arrives,
    and carrying the file's SHA-256 as the metadata ``ckpt-sha256``. ``CRC32`` and ``SHA256`` are what
-   botocore computes by itself; ``CRC32C`` and ``CRC64NVME`` need ``awscrt`` (``botocore[crt]``), whose
+   botocore computes by itself; ``CRC32C`` and ``CRC64NVME`` need ``awscrt`` (the ``crt`` extra), whose
    absence is an ``InvalidError`` when the files are made, never at the first upload.
 2. The upload is verified with one ``HeadObject``: its ``ContentLength`` and ``ckpt-sha256`` must be the
    fast file's, and its ``ETag`` the one the file's bytes give (:func:`expected_etag`: the MD5 of the
@@ -99,8 +99,8 @@ class S3DurableFiles:
 
             if importlib.util.find_spec("awscrt") is None:
                 raise InvalidError(
-                    f"checksum {checksum}: botocore computes it only with awscrt: pip install "
-                    "'botocore[crt]', or use CRC32 or SHA256"
+                    f"checksum {checksum}: botocore computes it only with awscrt "
+                    "(pip install 'ckpt-log[crt]'), or use CRC32 or SHA256"
                 )
         self._checksum = checksum
         self._bucket = bucket
