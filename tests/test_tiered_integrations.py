@@ -13,10 +13,12 @@ from typing import Any
 import pytest
 
 from ckpt.adapters.posix import PosixStore
+from ckpt.adapters.posix.tiered import PosixTierFiles
+from ckpt.application.replication import manifest_problem
 from ckpt.domain.errors import InvalidError
 from ckpt.domain.manifest import MANIFEST_NAME, decode_manifest
 from ckpt.integrations.core import Publisher, open_job, resume_location
-from support.integ_launch import run_ranks
+from support.integ_launch import run_killed_ranks, run_ranks
 
 
 def write_save(root: Path, attempt: str, step: int, files: int = 2) -> str:
@@ -202,3 +204,36 @@ class TestTwoRanks:
         assert second["start"] == 3
         assert second["loaded_sum"] == pytest.approx(first["sums"]["2"])  # the restored bytes are the save
         assert pairs(durable) == [(10, 1), (10, 2), (20, 3)]
+
+    def test_a_rank_killed_mid_save_then_a_lost_node_resumes_from_a_verified_durable_copy(
+        self, tmp_path: Path
+    ) -> None:
+        """Rank 1 dies before its RNG state of step 4 and rank 0 is SIGKILLed before publishing it (the
+        replicator dies with it, wherever it was); the node is then lost. The torn save is never durable;
+        every durable entry verifies, digests included; the next run on a new node starts from the newest
+        durable copy (checkpoint-2 when the replicator had finished it before the kill, else from scratch).
+        """
+        pytest.importorskip("transformers")
+        fast, durable = roots(tmp_path)
+        env = {"CKPT_ROOT": str(fast), "CKPT_DURABLE": str(durable), "DISPATCH_EPOCH": "10"}
+        env["DISPATCH_ATTEMPT"] = "a"
+        args = ["--out", str(tmp_path / "a.json"), "--max-steps", "8", "--kill-at", "4:rank1-without-rng"]
+        run_killed_ranks("support.integ_hf_run", args, world_size=2, env=env, killed=0, logs=tmp_path / "a")
+        assert pairs(fast) == [(10, 2)]
+        on_durable = pairs(durable)
+        assert on_durable in ([], [(10, 2)])  # never the torn checkpoint-4
+        for _, step in on_durable:
+            files = PosixTierFiles(str(durable))
+            problem = manifest_problem(files, f"exec/a/checkpoint-{step}", digests=True)
+            assert not isinstance(problem, str), problem
+        shutil.rmtree(fast)
+        second = run_tiered(
+            "support.integ_hf_run", fast, durable, "b", 20, tmp_path / "b.json", "--max-steps", "5"
+        )
+        if on_durable:
+            assert second["resumed_from"] == str(fast / "exec/a/checkpoint-2")
+            assert second["first_step"] == 3
+        else:
+            assert second["resumed_from"] is None
+            assert second["first_step"] == 1
+        assert (20, 4) in pairs(durable)  # the new run's saves are replicated
