@@ -68,14 +68,9 @@ def register(commands: Any) -> None:
         metavar="ALGORITHM",
         help="S3 additional checksum of every upload: CRC32 (default), SHA256, CRC32C or CRC64NVME (awscrt)",
     )
-    p.add_argument(
-        "--metrics-port",
-        metavar="PORT",
-        help="serve Prometheus metrics at http://ADDR:PORT/metrics (0: any free port; the metrics extra)",
-    )
-    p.add_argument(
-        "--metrics-address", metavar="ADDR", help="IP address the metrics endpoint listens on (127.0.0.1)"
-    )
+    from ckpt.cli.watch import add_metrics_options
+
+    add_metrics_options(p)
     p.set_defaults(handler=_handle)
 
 

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from ckpt.domain.rules import Rule
     from ckpt.domain.rules.custom import CustomRule
 
-__all__ = ["metrics_endpoint", "register", "run"]
+__all__ = ["add_metrics_options", "metrics_endpoint", "register", "run"]
 
 _log = logging.getLogger("ckpt.watch")
 
@@ -135,6 +135,12 @@ def register(commands: Any) -> None:
     p.add_argument(
         "--once", action="store_true", help="scan once (waiting at most the settle time), then exit"
     )
+    add_metrics_options(p)
+    p.set_defaults(handler=_handle)
+
+
+def add_metrics_options(p: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` and ``--metrics-address`` (rule 7), for every command that serves metrics."""
     p.add_argument(
         "--metrics-port",
         metavar="PORT",
@@ -145,7 +151,6 @@ def register(commands: Any) -> None:
         metavar="ADDR",
         help=f"IP address the metrics endpoint listens on (default {DEFAULT_METRICS_ADDRESS})",
     )
-    p.set_defaults(handler=_handle)
 
 
 def _handle(ctx: _Context) -> int:
