@@ -85,7 +85,9 @@ def _transfer_rows(ctx: Context, client: Any, files: int, total: int) -> list[Ro
         durable = S3Store(f"s3://{bucket}", client)
         tiers = open_tiers(fast, durable)
         started = time.perf_counter()
-        outcome = replicate(tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files)
+        outcome = replicate(
+            tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files, files_in_flight=CONCURRENCY
+        )
         replicated.append(time.perf_counter() - started)
         assert outcome.failure is None, outcome
         assert len(outcome.published) == 1, outcome

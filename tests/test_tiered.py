@@ -193,7 +193,9 @@ class TestKilledReplicator:
         """SIGKILL right after the n-th file is stored: no entry for a save not whole; the rerun copies
         exactly the files still missing and publishes each entry once."""
         fast, durable = roots
-        args = ("--root", str(fast), "replicate", "--to", str(durable), "--once")
+        # One file at a time: the n-th file boundary is then exactly n files stored (the parallel copy has
+        # its own test below).
+        args = ("--root", str(fast), "replicate", "--to", str(durable), "--once", "--files", "1")
         env = {"TIERED_FAST_ROOT": str(fast)}
         killed = run("kill", str(boundary), *args, env=env, module="support.tiered_replicator")
         assert killed.returncode == -9, killed.stderr
@@ -207,6 +209,32 @@ class TestKilledReplicator:
         assert document["files_present"] == boundary - FILES_PER_SAVE * len(published)
         assert len(document["published"]) == 2 - len(published)
         assert len(entries(str(durable))) == 2
+
+    @pytest.mark.parametrize("boundary", range(1, 2 * FILES_PER_SAVE + 1))
+    def test_with_files_copied_at_once_a_kill_at_any_file_leaves_no_torn_entry(
+        self, roots: tuple[Path, Path], boundary: int
+    ) -> None:
+        """Three files in flight (--files 3), SIGKILL after the n-th stored: other copies may have been
+        whole or half done. No entry names a save that is not whole and verified; the rerun copies what is
+        missing (what was stored stays stored) and publishes each entry once."""
+        fast, durable = roots
+        args = ("--root", str(fast), "replicate", "--to", str(durable), "--once", "--files", "3")
+        env = {"TIERED_FAST_ROOT": str(fast)}
+        killed = run("kill", str(boundary), *args, env=env, module="support.tiered_replicator")
+        assert killed.returncode == -9, killed.stderr
+        for line in entries(str(durable)):
+            save = Path(line.split(" ", 2)[2])
+            manifest = decode_manifest((save / MANIFEST_NAME).read_bytes())
+            assert verify_listing(manifest, [Listed(p, len(b)) for p, b in files_of(save).items()]) is None
+            assert files_of(save) == files_of(fast / save.relative_to(durable))
+        published_before = len(entries(str(durable)))
+        result = run("--json", *args)
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        assert document["files_present"] >= boundary - FILES_PER_SAVE * published_before
+        assert document["files_copied"] + document["files_present"] == FILES_PER_SAVE * (2 - published_before)
+        assert len(document["published"]) == 2 - published_before
+        assert [line.split()[:2] for line in entries(str(durable))] == [["5", "100"], ["5", "200"]]
 
     def test_killed_after_the_manifest_the_rerun_publishes_once(self, roots: tuple[Path, Path]) -> None:
         fast, durable = roots
@@ -228,7 +256,7 @@ class TestKilledReplicator:
         self, roots: tuple[Path, Path]
     ) -> None:
         fast, durable = roots
-        args = ("--root", str(fast), "replicate", "--to", str(durable), "--interval", "60")
+        args = ("--root", str(fast), "replicate", "--to", str(durable), "--interval", "60", "--files", "1")
         result = run(
             "term", "1", *args, env={"TIERED_FAST_ROOT": str(fast)}, module="support.tiered_replicator"
         )
@@ -485,7 +513,8 @@ class TestReplicateS3:
         _, root, config = s3
         fast = tmp_path / "fast"
         publish(fast, 5, 100, hf_save(fast, "a", 100))
-        args = ("--config", config, "--root", str(fast), "replicate", "--to", root, "--once")
+        # One file at a time: the n-th file boundary is then exactly n files stored.
+        args = ("--config", config, "--root", str(fast), "replicate", "--to", root, "--once", "--files", "1")
         killed = run(
             "kill",
             str(boundary),

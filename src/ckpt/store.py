@@ -82,6 +82,12 @@ class Tiers:
     fast_files: Any = attrs.field(eq=False)  # ckpt.domain.tiered_ports.FastFiles
     durable: WatchStore = attrs.field(eq=False)
     durable_files: Any = attrs.field(eq=False)  # ckpt.domain.tiered_ports.DurableFiles
+    settings: Any = attrs.field(default=None, eq=False)  # ckpt.domain.tiered_ports.TransferSettings
+
+    @property
+    def files_in_flight(self) -> int:
+        """How many files of one save the replication copies at once (spec/tiered.md §12.1)."""
+        return 4 if self.settings is None else int(self.settings.files_in_flight)
 
 
 def tier_files(store: WatchStore, limits: TransferSettings | None = None) -> Any:
@@ -117,4 +123,4 @@ def open_tiers(fast: WatchStore, durable: WatchStore, limits: TransferSettings |
                 f"the durable root {durable.root!r} must not be the fast root {fast.root!r}, inside it or "
                 "contain it"
             )
-    return Tiers(fast, tier_files(fast), durable, tier_files(durable, limits))
+    return Tiers(fast, tier_files(fast), durable, tier_files(durable, limits), limits)

@@ -17,12 +17,18 @@ Rules:
    against its manifest, restores it into the fast root (each file verified against the manifest) and
    publishes it there at its epoch and step (§6.2-§6.3). Every entry passed over comes back with its reason,
    a failure to read or restore one (a ``CkptError``) included; a durable log that cannot be read raises.
+5. With ``files_in_flight`` above 1 the files of one save are copied that many at a time (each still
+   digested, copied and verified as rule 1 says; the manifest waits for all of them); ``stop()`` is asked
+   before each file begins; the first failure lets the files in flight finish, begins no other, and
+   fails the entry. Saves stay one at a time, in order (spec/tiered.md §2.1).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import attrs
 
@@ -81,10 +87,29 @@ class _Pass:
     bytes_copied: int = 0
     files_present: int = 0
     newest: tuple[Entry | None, Entry | None] = (None, None)  # fast and durable, as listed at the start
+    lock: threading.Lock = attrs.Factory(threading.Lock)  # a save's files may be copied in several threads
 
 
 class _Stopped(Exception):  # noqa: N818 - control flow inside one pass
     pass
+
+
+def _copy_file(
+    fast_files: FastFiles, durable_files: DurableFiles, save: str, path: str, tally: _Pass
+) -> ManifestFile:
+    """Copy and verify one file unless the durable root holds it already (§2.2 steps 2-3, §5.2)."""
+    digest = fast_files.digest(save, path)
+    assert digest.sha256 is not None  # the fast port always digests
+    stored = durable_files.stored(save, path)
+    if stored is not None and stored.size == digest.size and stored.sha256 == digest.sha256:
+        with tally.lock:
+            tally.files_present += 1
+    else:
+        durable_files.put(fast_files.local_path(save, path), save, path, digest.sha256, digest.size)
+        with tally.lock:
+            tally.files_copied += 1
+            tally.bytes_copied += digest.size
+    return ManifestFile(path, digest.size, digest.sha256)
 
 
 def _copy_save(
@@ -95,23 +120,38 @@ def _copy_save(
     *,
     stop: Callable[[], bool],
     tally: _Pass,
+    in_flight: int,
 ) -> Manifest:
-    """Copy and verify every file of ``save`` (spec/tiered.md §2.2 steps 2-3); return its manifest."""
-    entries: list[ManifestFile] = []
-    for path in files:
+    """Copy and verify every file of ``save``, ``in_flight`` at a time (rule 5); return its manifest."""
+    if in_flight <= 1 or len(files) <= 1:
+        entries = []
+        for path in files:
+            if stop():
+                raise _Stopped
+            entries.append(_copy_file(fast_files, durable_files, save, path, tally))
+        return Manifest.of(entries)
+
+    def one(path: str) -> ManifestFile:
         if stop():
             raise _Stopped
-        digest = fast_files.digest(save, path)
-        assert digest.sha256 is not None  # the fast port always digests
-        stored = durable_files.stored(save, path)
-        if stored is not None and stored.size == digest.size and stored.sha256 == digest.sha256:
-            tally.files_present += 1
-        else:
-            durable_files.put(fast_files.local_path(save, path), save, path, digest.sha256, digest.size)
-            tally.files_copied += 1
-            tally.bytes_copied += digest.size
-        entries.append(ManifestFile(path, digest.size, digest.sha256))
-    return Manifest.of(entries)
+        return _copy_file(fast_files, durable_files, save, path, tally)
+
+    with ThreadPoolExecutor(min(in_flight, len(files)), thread_name_prefix="ckpt-copy") as pool:
+        futures = [pool.submit(one, path) for path in files]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in futures if f in done and f.exception() is not None), None)
+        if failed is not None:
+            for future in futures:
+                future.cancel()  # not begun: never begun; the ones in flight finish (rule 5)
+            wait(futures)
+            errors: list[BaseException] = []
+            for future in futures:
+                error = None if future.cancelled() else future.exception()
+                if error is not None:
+                    errors.append(error)
+            real = [e for e in errors if not isinstance(e, _Stopped)]
+            raise (real or errors)[0]
+        return Manifest.of([f.result() for f in futures])
 
 
 def replicate(
@@ -122,8 +162,9 @@ def replicate(
     *,
     rule: Rule | None = None,
     stop: Callable[[], bool] = lambda: False,
+    files_in_flight: int = 1,
 ) -> Replicated:
-    """One replication pass from ``fast`` to ``durable`` (rules 1-3)."""
+    """One replication pass from ``fast`` to ``durable`` (rules 1-3, 5)."""
     done = set(durable.entries())
     newest = max(done) if done else None
     on_fast = fast.entries()
@@ -144,7 +185,15 @@ def replicate(
                 tally.passed.append((entry, MISSING_SAVE))
                 continue
             files = [item.path for item in listing if item.path != MANIFEST_NAME]
-            manifest = _copy_save(fast_files, durable_files, entry.save, files, stop=stop, tally=tally)
+            manifest = _copy_save(
+                fast_files,
+                durable_files,
+                entry.save,
+                files,
+                stop=stop,
+                tally=tally,
+                in_flight=files_in_flight,
+            )
             durable_files.write_small(entry.save, MANIFEST_NAME, encode_manifest(manifest))
             try:
                 durable.publish(entry.epoch, entry.step, durable.location(entry))

@@ -21,7 +21,8 @@ Rules:
 6. ``--concurrency N`` (1 to 64, default 8) is the parallel transfers per file on an S3 durable root;
    ``--max-bandwidth RATE`` (``ckpt.domain.tiered_ports.parse_rate``) bounds the bytes per second of all
    the copies into the durable root (spec/tiered.md §12); ``--checksum`` names the S3 additional checksum
-   of every upload (§12.5). Anything else is exit 2.
+   of every upload (§12.5); ``--files N`` (1 to 64, default 4) how many files of one save are copied at
+   once (§12.1). Anything else is exit 2.
 7. ``--metrics-port PORT`` [``--metrics-address ADDR``] serve the replicator's metrics
    (``ckpt.adapters.prometheus`` rule 3a) as ``watch`` serves its own (``ckpt.cli.watch`` rule 7); the URL
    is one stderr line before the first pass.
@@ -63,6 +64,7 @@ def register(commands: Any) -> None:
         metavar="RATE",
         help="bytes per second the copies may take in all (200M, 1Gi; default: no bound)",
     )
+    p.add_argument("--files", metavar="N", help="files of one save copied at once (default 4)")
     p.add_argument(
         "--checksum",
         metavar="ALGORITHM",
@@ -88,16 +90,19 @@ def _limits(args: Any) -> Any:
     """Rule 6: ``--concurrency`` and ``--max-bandwidth`` (spec/tiered.md §12)."""
     from ckpt.domain.tiered_ports import TransferSettings, parse_checksum, parse_rate
 
-    concurrency = 8
-    if args.concurrency is not None:
-        text = args.concurrency
+    def count(text: str | None, option: str, default: int) -> int:
+        if text is None:
+            return default
         if not (text.isascii() and text.isdigit()):
-            raise InvalidError(f"--concurrency {text!r}: give an integer from 1 to 64")
-        concurrency = int(text)
+            raise InvalidError(f"{option} {text!r}: give an integer from 1 to 64")
+        return int(text)
+
+    concurrency = count(args.concurrency, "--concurrency", 8)
+    files = count(args.files, "--files", 4)
     bandwidth = None if args.max_bandwidth is None else parse_rate(args.max_bandwidth, "--max-bandwidth")
     checksum = "CRC32" if args.checksum is None else parse_checksum(args.checksum, "--checksum")
     try:
-        return TransferSettings(concurrency, bandwidth, checksum)
+        return TransferSettings(concurrency, bandwidth, checksum, files)
     except InvalidError as exc:
         raise InvalidError(f"--{exc}") from None
 
@@ -130,7 +135,8 @@ def _handle(ctx: Any) -> int:
             from ckpt.application.rulebook import find_rule
 
             rule = find_rule(args.framework, configured=ctx.config().frameworks)
-        fast, fast_files, durable, durable_files = open_tier(ctx, args.to, _limits(args))
+        limits = _limits(args)
+        fast, fast_files, durable, durable_files = open_tier(ctx, args.to, limits)
         if endpoint is not None:
             from ckpt import __version__
             from ckpt.adapters.prometheus import serve_replication_metrics
@@ -143,7 +149,15 @@ def _handle(ctx: Any) -> int:
         last = Replicated()
         while True:
             try:
-                last = replicate(fast, fast_files, durable, durable_files, rule=rule, stop=stop.is_set)
+                last = replicate(
+                    fast,
+                    fast_files,
+                    durable,
+                    durable_files,
+                    rule=rule,
+                    stop=stop.is_set,
+                    files_in_flight=limits.files_in_flight,
+                )
             except CkptError as exc:  # rule 4: a log that cannot be read ends only a --once run
                 if metrics is not None:
                     metrics.passed(None)

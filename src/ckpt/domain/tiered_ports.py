@@ -70,12 +70,14 @@ def parse_checksum(text: str, what: str) -> str:
 
 @attrs.frozen
 class TransferSettings:
-    """How a replicator copies (spec/tiered.md §12): parallel transfers per file, bytes per second
-    (``None``: no bound) over all of its uploads, and the S3 additional checksum of every upload."""
+    """How a replicator copies (spec/tiered.md §12): parallel transfers (per file, and in all on S3), bytes
+    per second (``None``: no bound) over all of its uploads, the S3 additional checksum of every upload, and
+    how many files of one save it copies at once."""
 
     concurrency: int = 8
     max_bandwidth: int | None = None
     checksum: str = "CRC32"
+    files_in_flight: int = 4  # files of one save copied at once (§12.1)
 
     def __attrs_post_init__(self) -> None:
         concurrency, bandwidth = self.concurrency, self.max_bandwidth
@@ -87,6 +89,9 @@ class TransferSettings:
         ):
             raise InvalidError(f"max_bandwidth {bandwidth!r}: give a positive number of bytes per second")
         parse_checksum(self.checksum, "checksum")
+        files = self.files_in_flight
+        if isinstance(files, bool) or not isinstance(files, int) or not 1 <= files <= MAX_CONCURRENCY:
+            raise InvalidError(f"files {files!r}: give an integer from 1 to {MAX_CONCURRENCY}")
 
 
 class TokenBucket:

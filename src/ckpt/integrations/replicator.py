@@ -105,7 +105,12 @@ class BackgroundReplicator:
         tiers = self.tiers
         try:
             outcome = replicate(
-                tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files, stop=self._stop.is_set
+                tiers.fast,
+                tiers.fast_files,
+                tiers.durable,
+                tiers.durable_files,
+                stop=self._stop.is_set,
+                files_in_flight=tiers.files_in_flight,
             )
         except CkptError as exc:  # rule 3: the logs could not be read
             self.failure = str(exc)
