@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import attrs
@@ -47,7 +47,15 @@ from ckpt.domain.ports import WatchStore
 from ckpt.domain.rules import Rule
 from ckpt.domain.tiered_ports import DurableFiles, FastFiles
 
-__all__ = ["Replicated", "Restored", "manifest_problem", "replicate", "restore_newer"]
+__all__ = [
+    "Replicated",
+    "Restored",
+    "manifest_problem",
+    "not_yet_durable",
+    "pending_between",
+    "replicate",
+    "restore_newer",
+]
 
 MISSING_SAVE = "save folder is missing"
 
@@ -154,6 +162,18 @@ def _copy_save(
         return Manifest.of([f.result() for f in futures])
 
 
+def not_yet_durable(fast_entries: Iterable[Entry], durable_newest: Entry | None) -> list[Entry]:
+    """The fast entries a replicator has still to copy, ascending: those greater than the durable root's
+    greatest entry, every one when it has none (spec/tiered.md §2.1, §7.1a, §11.1). The one home of that
+    rule: the replication, the fast prune, the lag and the reports all ask it."""
+    return sorted(e for e in fast_entries if durable_newest is None or e > durable_newest)
+
+
+def pending_between(fast: WatchStore, durable: WatchStore) -> list[Entry]:
+    """:func:`not_yet_durable` of the two roots as listed now (one listing of each)."""
+    return not_yet_durable(fast.entries(), max(durable.entries(), default=None))
+
+
 def replicate(
     fast: WatchStore,
     fast_files: FastFiles,
@@ -168,7 +188,7 @@ def replicate(
     done = set(durable.entries())
     newest = max(done) if done else None
     on_fast = fast.entries()
-    todo = [entry for entry in on_fast if newest is None or entry > newest]
+    todo = not_yet_durable(on_fast, newest)
     already = sum(1 for entry in on_fast if entry in done)
     older = len(on_fast) - already - len(todo)
     tally = _Pass()

@@ -179,12 +179,13 @@ def _root_checks(check: Any, open_store: Any, prefix: str) -> Any:
 
 def _check_tiers(fast: Any, durable: Any) -> tuple[bool, str, dict[str, int]]:
     """The pair is allowed (spec/tiered.md §1.1); the lag: entries not yet durable, steps behind (§11)."""
+    from ckpt.application.replication import not_yet_durable
     from ckpt.store import open_tiers
 
     open_tiers(fast, durable)
     newest = max(durable.entries(), default=None)
     fast_entries = fast.entries()
-    pending = [e for e in fast_entries if newest is None or e > newest]
+    pending = not_yet_durable(fast_entries, newest)
     lag = 0 if not fast_entries else fast_entries[-1].step - (0 if newest is None else newest.step)
     lag = max(lag, 0)
     shown = "none" if newest is None else f"epoch {newest.epoch} step {newest.step}"

@@ -81,9 +81,10 @@ def _pending_after(fast: Any, last: Any) -> list[Any]:
     stopped or failed, else those greater than the durable root's greatest (one listing of the fast root)."""
     if last.pending:
         return list(last.pending)
+    from ckpt.application.replication import not_yet_durable
+
     passed = {entry for entry, _ in last.passed}
-    newest = last.newest_durable
-    return [e for e in fast.entries() if (newest is None or e > newest) and e not in passed]
+    return [e for e in not_yet_durable(fast.entries(), last.newest_durable) if e not in passed]
 
 
 def _limits(args: Any) -> Any:
@@ -120,7 +121,7 @@ def open_tier(ctx: Any, durable: str, limits: Any = None) -> tuple[Any, Any, Any
 
 
 def _handle(ctx: Any) -> int:
-    from ckpt.application.replication import Replicated, replicate
+    from ckpt.application.replication import Replicated, pending_between, replicate
     from ckpt.cli.watch import metrics_endpoint, parse_seconds
     from ckpt.stopping import stop_on_signals
 
@@ -189,8 +190,7 @@ def _handle(ctx: Any) -> int:
         if not pending:  # entries published on the fast root since the last pass (rule 3)
             passed = {entry for entry, _ in last.passed}
             try:
-                newest = max(durable.entries(), default=None)  # spec/tiered.md §2.1: only these are copied
-                pending = [e for e in fast.entries() if (newest is None or e > newest) and e not in passed]
+                pending = [e for e in pending_between(fast, durable) if e not in passed]  # tiered.md §2.1
             except CkptError as exc:
                 ctx.warn(f"cannot tell which entries are not yet durable: {exc}")
     for entry, reason in last.passed:

@@ -64,11 +64,10 @@ def cmd_prune(ctx: Context) -> int:
 def _not_yet_durable(ctx: Context, store: WatchStore, durable: str) -> list[Entry]:
     """The entries greater than the durable root's greatest: those a replicator has still to copy
     (spec/tiered.md §2.1, §7.1)."""
+    from ckpt.application.replication import pending_between
     from ckpt.cli.replicate import open_tier
 
-    durable_store = open_tier(ctx, durable)[2]
-    newest = max(durable_store.entries(), default=None)
-    return [entry for entry in store.entries() if newest is None or entry > newest]
+    return pending_between(store, open_tier(ctx, durable)[2])
 
 
 def _pin(store: WatchStore, entry: Entry) -> bool:

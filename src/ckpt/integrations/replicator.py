@@ -23,7 +23,7 @@ import atexit
 import logging
 import threading
 
-from ckpt.application.replication import Replicated, replicate
+from ckpt.application.replication import Replicated, pending_between, replicate
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import CkptError
 from ckpt.store import Tiers
@@ -79,8 +79,7 @@ class BackgroundReplicator:
     def pending(self) -> tuple[Entry, ...]:
         """The fast entries greater than the durable root's greatest (spec/tiered.md §2.1), as now listed."""
         try:
-            newest = max(self.tiers.durable.entries(), default=None)
-            return tuple(e for e in sorted(self.tiers.fast.entries()) if newest is None or e > newest)
+            return tuple(pending_between(self.tiers.fast, self.tiers.durable))
         except CkptError as exc:
             _log.error("cannot tell which entries are not yet durable: %s", exc)
             return self.last.pending if self.last is not None else ()
