@@ -191,7 +191,6 @@ def _limits(
 
     if checksum is None and env.get("CKPT_DURABLE_CHECKSUM"):
         checksum = parse_checksum(env["CKPT_DURABLE_CHECKSUM"], "CKPT_DURABLE_CHECKSUM")
-
     if bandwidth is None and env.get("CKPT_DURABLE_MAX_BANDWIDTH"):
         bandwidth = parse_rate(env["CKPT_DURABLE_MAX_BANDWIDTH"], "CKPT_DURABLE_MAX_BANDWIDTH")
     elif isinstance(bandwidth, str):
