@@ -11,7 +11,9 @@ Rules (docs/spec/tiered.md §9):
 3. A pass that fails (storage, verification, a log that cannot be read) is logged with what is not yet
    durable, and tried again after ``retry_seconds`` or at the next wake, whichever comes first.
 4. :meth:`~BackgroundReplicator.close` (the integrations call it when training ends; also run at the
-   interpreter's normal exit) lets the thread finish what is pending, then stops it. With ``drain=False``
+   interpreter's normal exit) lets the thread run one last pass, begun after the close so that it sees
+   every save published before it, and ends the thread when that pass ends (success or not). With
+   ``drain=False``
    it stops after the file being copied and publishes nothing more. Either way each fast entry still not
    durable is one ``not yet durable`` warning: a SIGKILL or a lost node loses only what those lines name,
    and the next execution's replicator (or ``ckpt replicate``) copies them while the fast root holds them.
