@@ -291,6 +291,79 @@ class TestKilledRestore:
         assert entries(str(fast)) == [f"5 200 {restored}"]
 
 
+class TestParallelRestore:
+    def test_the_files_of_a_save_are_fetched_at_once_and_published_after_all(self, tmp_path: Path) -> None:
+        """tiered.md §6.3: a restore fetches the save's files at once (three fetches meet at a barrier that
+        one-at-a-time fetching would never pass), and the fast entry exists only once all are installed."""
+        import threading
+
+        from ckpt.adapters.posix import PosixStore
+        from ckpt.adapters.posix.tiered import PosixTierFiles
+        from ckpt.application.replication import replicate, restore_newer
+        from ckpt.application.rulebook import find_rule
+        from ckpt.store import open_tiers
+
+        fast, durable = tmp_path / "fast", tmp_path / "durable"
+        save = hf_save(fast, "a", 100)
+        publish(fast, 5, 100, save)
+        durable.mkdir()
+        tiers = open_tiers(PosixStore(str(fast)), PosixStore(str(durable)))
+        assert replicate(tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files).failure is None
+        expected = files_of(save)
+        shutil.rmtree(fast)
+        fast.mkdir()
+        meeting = threading.Barrier(FILES_PER_SAVE, timeout=30)
+        published_during: list[list[str]] = []
+
+        class MeetingFiles(PosixTierFiles):
+            __slots__ = ()
+
+            def fetch(self, save: str, path: str, local_path: str) -> None:
+                meeting.wait()  # BrokenBarrierError, not a CkptError, if the fetches came one at a time
+                published_during.append(entries(str(fast)))
+                super().fetch(save, path, local_path)
+
+        outcome = restore_newer(
+            PosixStore(str(fast)),
+            tiers.fast_files.__class__(str(fast)),
+            tiers.durable,
+            MeetingFiles(str(durable)),
+            find_rule("hf"),
+            than=None,
+        )
+        assert (outcome.entry, outcome.skipped) == (tiers.durable.entries()[0], ())
+        assert files_of(save) == expected
+        assert published_during == [[]] * FILES_PER_SAVE
+        assert entries(str(fast)) == [f"5 100 {save}"]
+
+
+    def test_a_restore_first_removes_the_temporary_files_a_killed_one_left(self, tmp_path: Path) -> None:
+        """tiered.md §4.3, §6.3: a restore killed with files in flight leaves temporary files (its own name,
+        and boto3's download name on the way to it); the next restore removes them, and nothing else."""
+        from ckpt.adapters.posix.tiered import PosixTierFiles
+
+        fast, durable = tmp_path / "fast", tmp_path / "durable"
+        save = hf_save(fast, "a", 100)
+        publish(fast, 5, 100, save)
+        durable.mkdir()
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        expected = files_of(save)
+        shutil.rmtree(fast)
+        left = [
+            save / ".model.safetensors.ckpt-tmp-0123456789abcdef",
+            save / "sub" / ".shard.bin.ckpt-tmp-fedcba9876543210.a1B2c3D4",
+        ]
+        kept = save / ".model.safetensors.ckpt-tmp-not-ours"
+        (save / "sub").mkdir(parents=True)
+        for path in [*left, kept]:
+            path.write_bytes(b"partial")
+        listed = PosixTierFiles(str(fast)).listing("exec/a/checkpoint-100") or []
+        assert [item.path for item in listed] == [kept.name]  # the temporary files are no part of the save
+        result = resume(fast, str(durable), "b", 6)
+        assert (result.returncode, result.stdout) == (0, f"{save}\n"), result.stderr
+        assert files_of(save) == {**expected, kept.name: b"partial"}
+
+
 class TestConcurrentReplicators:
     def test_two_replicators_at_once_publish_each_entry_once(self, roots: tuple[Path, Path]) -> None:
         """Two replicator processes race over the same roots: both succeed, every entry is published once,
@@ -476,6 +549,14 @@ def s3(
     return client, f"s3://{bucket}/tiers", s3_config(tmp_path / "ckpt.toml", s3_server)
 
 
+def entry_key(client: Any, root: str) -> str:
+    """The key, relative to the root, of the only entry in the root's ``pub/``."""
+    bucket, prefix = root.split("/")[2], "tiers/pub/"
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    assert len(keys) == 1, keys
+    return keys[0][len("tiers/") :]
+
+
 class TestReplicateS3:
     """On moto's server and on Ceph RGW (``s3_server``)."""
 
@@ -505,6 +586,44 @@ class TestReplicateS3:
         result = resume(fast, root, "b", 6, "--config", config)
         assert (result.returncode, result.stdout) == (0, f"{save}\n"), result.stderr
         assert files_of(save) == expected
+
+    def test_a_pass_lists_the_save_once_and_verifies_each_upload_by_its_answer(
+        self, tmp_path: Path, s3: tuple[Any, str, str], s3_server_kind: str
+    ) -> None:
+        """A save the durable root lacks costs no request per file besides its upload (tiered.md §4.1,
+        §5.2): one listing of the durable save instead of a head per file, and each upload verified by the
+        ETag its own answer carries (a single PUT, and a multipart one's completion) instead of a head.
+        Ceph RGW 16.2 completes a multipart upload with an empty ETag: that one file is verified by a head.
+        A rerun heads only the files the listing shows with the fast file's size, and copies none."""
+        from ckpt.adapters.posix import PosixStore
+        from ckpt.application.replication import replicate
+        from ckpt.store import open_tiers
+
+        client, root, _ = s3
+        sent: list[str] = []
+        client.meta.events.register_first(
+            "before-send.s3", lambda event_name, **_: sent.append(event_name.rsplit(".", 1)[-1])
+        )
+        fast = tmp_path / "fast"
+        save = hf_save(fast, "a", 100, size=9 << 20)  # two 8 MiB parts: a multipart upload
+        publish(fast, 5, 100, save)
+        tiers = open_tiers(PosixStore(str(fast)), S3Store(root, client))
+        first = replicate(tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files)
+        assert (first.failure, len(first.published), first.files_copied) == (None, 1, 3)
+        assert sent.count("HeadObject") == (1 if s3_server_kind == "rgw" else 0), sent
+        assert sent.count("ListObjectsV2") == 3  # the durable log, the durable save, the publish's check
+        assert sent.count("PutObject") == 2 + 2  # two small files, the manifest, the entry
+        assert (sent.count("CreateMultipartUpload"), sent.count("CompleteMultipartUpload")) == (1, 1)
+        sent.clear()
+        client.delete_object(Bucket=root.split("/")[2], Key="tiers/" + entry_key(client, root))
+        again = replicate(tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files)
+        assert (again.failure, len(again.published), again.files_copied, again.files_present) == (
+            None,
+            1,
+            0,
+            3,
+        )
+        assert sent.count("HeadObject") == 3  # one per file the listing shows with the same size
 
     @pytest.mark.parametrize("boundary", [1, 2])
     def test_killed_replicator_reuploads_only_what_is_missing(

@@ -32,6 +32,7 @@ from ckpt.adapters.s3 import S3Store
 from ckpt.application.replication import Replicated, manifest_problem, replicate
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import CkptError
+from ckpt.domain.manifest import MANIFEST_NAME
 from ckpt.store import open_tiers, tier_files
 from support.forward_proxy import Exchange, Match
 from support.s3 import new_bucket_name
@@ -134,11 +135,19 @@ def sent(rig: Rig, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 class TestReplicationUnderFaults:
     def test_a_fault_free_pass_is_these_requests(self, sent: list[str]) -> None:
-        """The sweep below covers every one: list the log, per file a head and a put and the verifying
-        head, the manifest, the exclusive create of the entry."""
-        puts = [r for r in sent if r.startswith("PUT ")]
-        assert len(puts) == len(FILES) + 2  # every file, the manifest, the entry
-        assert puts[-1].startswith("PUT /B/pub/")
+        """The sweep below covers every one: list the log, list the durable save (once, not a head per
+        file), a put per file (verified by the ETag its answer carries: no head), the manifest, the save's
+        check and the exclusive create of the entry."""
+        save = "exec%2Fa%2Fcheckpoint-100%2F"
+        assert sent[:2] == [
+            "GET /B?list-type=2&prefix=pub%2F&max-keys=1000&delimiter=%2F&encoding-type=url",
+            f"GET /B?list-type=2&prefix={save}&max-keys=1000&encoding-type=url",
+        ]
+        assert sorted(sent[2 : 2 + len(FILES)]) == [f"PUT /B/{SAVE}/{name}" for name in sorted(FILES)]
+        assert sent[2 + len(FILES)] == f"PUT /B/{SAVE}/{MANIFEST_NAME}"
+        assert sent[-2] == f"GET /B?list-type=2&prefix={save}&max-keys=1&encoding-type=url"
+        assert sent[-1].startswith("PUT /B/pub/00000000000000000005-00000000000000000100-")
+        assert len(sent) == len(FILES) + 5
 
     @pytest.mark.parametrize(
         ("s3_server", "fault"),

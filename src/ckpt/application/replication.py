@@ -21,6 +21,13 @@ Rules:
    digested, copied and verified as rule 1 says; the manifest waits for all of them); ``stop()`` is asked
    before each file begins; the first failure lets the files in flight finish, begins no other, and
    fails the entry. Saves stay one at a time, in order (spec/tiered.md §2.1).
+6. The durable save is listed once before its files are copied; only a file it lists with the fast file's
+   size is asked for its recorded digest (``stored``), so a save the durable root lacks costs no request
+   per file before its uploads (spec/tiered.md §5.2).
+7. A restore fetches, verifies and installs up to ``files_in_flight`` files of the save at once
+   (:data:`RESTORE_FILES_IN_FLIGHT`); the first that does not verify, or fails, lets those in flight finish
+   and begins no other; the manifest and the fast entry are written only once every file is installed.
+   The temporary files a restore killed with files in flight left in the save are removed first.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import TypeVar
 
 import attrs
 
@@ -48,6 +56,7 @@ from ckpt.domain.rules import Rule
 from ckpt.domain.tiered_ports import DurableFiles, FastFiles
 
 __all__ = [
+    "RESTORE_FILES_IN_FLIGHT",
     "Replicated",
     "Restored",
     "manifest_problem",
@@ -58,6 +67,8 @@ __all__ = [
 ]
 
 MISSING_SAVE = "save folder is missing"
+RESTORE_FILES_IN_FLIGHT = 8  # files of one save a restore fetches at once (spec/tiered.md §6.3)
+_T = TypeVar("_T")
 
 
 @attrs.frozen
@@ -102,13 +113,24 @@ class _Stopped(Exception):  # noqa: N818 - control flow inside one pass
     pass
 
 
+class _NotVerified(Exception):  # noqa: N818 - a restored file that does not verify (rule 7)
+    pass
+
+
 def _copy_file(
-    fast_files: FastFiles, durable_files: DurableFiles, save: str, path: str, tally: _Pass
+    fast_files: FastFiles,
+    durable_files: DurableFiles,
+    save: str,
+    path: str,
+    *,
+    tally: _Pass,
+    held: dict[str, int],
 ) -> ManifestFile:
-    """Copy and verify one file unless the durable root holds it already (§2.2 steps 2-3, §5.2)."""
+    """Copy and verify one file unless the durable root holds it already (§2.2 steps 2-3, §5.2); ``held``
+    is the durable save's listing (rule 6)."""
     digest = fast_files.digest(save, path)
     assert digest.sha256 is not None  # the fast port always digests
-    stored = durable_files.stored(save, path)
+    stored = durable_files.stored(save, path) if held.get(path) == digest.size else None
     if stored is not None and stored.size == digest.size and stored.sha256 == digest.sha256:
         with tally.lock:
             tally.files_present += 1
@@ -118,6 +140,33 @@ def _copy_file(
             tally.files_copied += 1
             tally.bytes_copied += digest.size
     return ManifestFile(path, digest.size, digest.sha256)
+
+
+def _each(
+    work: Callable[[str], _T], paths: list[str], *, in_flight: int, stop: Callable[[], bool]
+) -> list[_T]:
+    """``work(path)`` for every path, ``in_flight`` at a time, the results in the order of ``paths`` (rules 5
+    and 7). ``stop()`` is asked before each one begins (``_Stopped``); the first failure lets the ones in
+    flight finish, begins no other, and is raised (a real failure before a ``_Stopped``)."""
+
+    def one(path: str) -> _T:
+        if stop():
+            raise _Stopped
+        return work(path)
+
+    if in_flight <= 1 or len(paths) <= 1:
+        return [one(path) for path in paths]
+    with ThreadPoolExecutor(min(in_flight, len(paths)), thread_name_prefix="ckpt-copy") as pool:
+        futures = [pool.submit(one, path) for path in paths]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in done):
+            for future in futures:
+                future.cancel()  # not begun: never begun; the ones in flight finish
+            wait(futures)
+            errors = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
+            real = [e for e in errors if not isinstance(e, _Stopped)]
+            raise (real or errors)[0]
+        return [f.result() for f in futures]
 
 
 def _copy_save(
@@ -131,35 +180,12 @@ def _copy_save(
     in_flight: int,
 ) -> Manifest:
     """Copy and verify every file of ``save``, ``in_flight`` at a time (rule 5); return its manifest."""
-    if in_flight <= 1 or len(files) <= 1:
-        entries = []
-        for path in files:
-            if stop():
-                raise _Stopped
-            entries.append(_copy_file(fast_files, durable_files, save, path, tally))
-        return Manifest.of(entries)
+    held = {item.path: item.size for item in durable_files.listing(save) or ()}  # rule 6
 
-    def one(path: str) -> ManifestFile:
-        if stop():
-            raise _Stopped
-        return _copy_file(fast_files, durable_files, save, path, tally)
+    def copy(path: str) -> ManifestFile:
+        return _copy_file(fast_files, durable_files, save, path, tally=tally, held=held)
 
-    with ThreadPoolExecutor(min(in_flight, len(files)), thread_name_prefix="ckpt-copy") as pool:
-        futures = [pool.submit(one, path) for path in files]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in futures if f in done and f.exception() is not None), None)
-        if failed is not None:
-            for future in futures:
-                future.cancel()  # not begun: never begun; the ones in flight finish (rule 5)
-            wait(futures)
-            errors: list[BaseException] = []
-            for future in futures:
-                error = None if future.cancelled() else future.exception()
-                if error is not None:
-                    errors.append(error)
-            real = [e for e in errors if not isinstance(e, _Stopped)]
-            raise (real or errors)[0]
-        return Manifest.of([f.result() for f in futures])
+    return Manifest.of(_each(copy, files, in_flight=in_flight, stop=stop))
 
 
 def not_yet_durable(fast_entries: Iterable[Entry], durable_newest: Entry | None) -> list[Entry]:
@@ -301,17 +327,30 @@ def _usable(durable: WatchStore, durable_files: DurableFiles, rule: Rule, entry:
 
 
 def _restore(
-    fast: WatchStore, fast_files: FastFiles, durable_files: DurableFiles, entry: Entry, manifest: Manifest
+    fast: WatchStore,
+    fast_files: FastFiles,
+    durable_files: DurableFiles,
+    entry: Entry,
+    manifest: Manifest,
+    *,
+    in_flight: int,
 ) -> str | None:
-    """Fetch, verify and install every file, write the manifest, publish on the fast root (§6.3)."""
-    for f in manifest.files:
+    """Fetch, verify and install every file, write the manifest, publish on the fast root (§6.3, rule 7)."""
+    expected = {f.path: f.sha256 for f in manifest.files}
 
-        def fill(temp: str, path: str = f.path) -> None:
+    def install(path: str) -> None:
+        def fill(temp: str) -> None:
             durable_files.fetch(entry.save, path, temp)
 
-        problem = fast_files.install(entry.save, f.path, fill, f.sha256)
+        problem = fast_files.install(entry.save, path, fill, expected[path])
         if problem is not None:
-            return problem
+            raise _NotVerified(problem)
+
+    fast_files.sweep(entry.save)  # what a restore killed with files in flight left (§6.3)
+    try:
+        _each(install, list(expected), in_flight=in_flight, stop=lambda: False)
+    except _NotVerified as exc:
+        return str(exc)
     fast_files.write_small(entry.save, MANIFEST_NAME, encode_manifest(manifest))
     with contextlib.suppress(ExistsError):  # published before, its save lost with the disk (§6.3)
         fast.publish(entry.epoch, entry.step, fast.location(entry))
@@ -326,6 +365,7 @@ def restore_newer(
     rule: Rule,
     *,
     than: Entry | None,
+    files_in_flight: int = RESTORE_FILES_IN_FLIGHT,
 ) -> Restored:
     """Restore the newest usable durable entry greater than ``than`` into the fast root (rule 4)."""
     skipped: list[tuple[Entry, str]] = []
@@ -337,7 +377,7 @@ def restore_newer(
             if isinstance(usable, str):
                 skipped.append((entry, usable))
                 continue
-            problem = _restore(fast, fast_files, durable_files, entry, usable)
+            problem = _restore(fast, fast_files, durable_files, entry, usable, in_flight=files_in_flight)
         except CkptError as exc:  # one copy that cannot be read is passed over (spec/tiered.md §6.2)
             problem = str(exc)
         if problem is not None:

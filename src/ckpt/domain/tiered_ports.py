@@ -158,6 +158,11 @@ class FastFiles(Protocol):
         """Create a small file of the save durably (temporary name, fsync, rename, fsync of the folder)."""
         ...
 
+    def sweep(self, save: str) -> int:
+        """Remove the temporary files that installs killed midway left in the save (a restore killed while
+        several files were in flight, spec/tiered.md §6.3); return how many. Nothing else is touched."""
+        ...
+
 
 @runtime_checkable
 class DurableFiles(Protocol):

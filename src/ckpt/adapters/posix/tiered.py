@@ -2,7 +2,8 @@
 
 Rules (docs/spec/tiered.md §4.2-§4.3):
 
-1. A file is created under a temporary name beside its final one (``.<name>.ckpt-tmp-<16 hex>``), fsynced,
+1. A file is created under a temporary name beside its final one (``.<name>.ckpt-tmp-<16 hex>``; an S3
+   download first writes ``.<name>.ckpt-tmp-<16 hex>.<8 hex>``, boto3's own, and renames it), fsynced,
    read back and hashed, and only when that SHA-256 is the expected one renamed into place, its folder then
    fsynced; folders created on the way are fsynced in their parents. A temporary file that does not verify
    is removed.
@@ -13,10 +14,13 @@ Rules (docs/spec/tiered.md §4.2-§4.3):
 5. With ``max_bandwidth`` (bytes per second) the copies into this root (``put``: replication) are read
    and written in 1 MiB chunks, each waiting as one ``TokenBucket`` shared by every copy says
    (spec/tiered.md §12.3); restores out of it (``fetch``) are never slowed.
+6. ``sweep`` removes the temporary files of rule 1 that a killed restore left in a fast save, before the
+   save is restored into again (spec/tiered.md §6.3).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -34,7 +38,8 @@ __all__ = ["PosixTierFiles", "make_dirs", "sha256_of"]
 
 _CHUNK = 8 << 20
 _MiB = 1 << 20
-_TEMP = re.compile(r"\..+\.ckpt-tmp-[0-9a-f]{16}")
+# rule 1's temporary name, and the one boto3's download writes first and renames to it (8 more hex digits)
+_TEMP = re.compile(r"\..+\.ckpt-tmp-[0-9a-f]{16}(\.[0-9A-Fa-f]{8})?")
 
 
 @contextmanager
@@ -184,6 +189,22 @@ class PosixTierFiles:
 
     def local_path(self, save: str, path: str) -> str:
         return self._path(save, path)
+
+    def sweep(self, save: str) -> int:
+        """Rule 6: unlink the temporary files of rule 1 under the save (no link followed), then fsync each
+        folder that lost one."""
+        top, removed = self._path(save), 0
+        with _storage("clean", top):
+            for folder, dirs, names in os.walk(top):
+                dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+                temps = [n for n in names if _TEMP.fullmatch(n)]
+                for name in temps:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(folder, name))
+                        removed += 1
+                if temps:
+                    _fsync_dir(folder)
+        return removed
 
     # -- DurableFiles -------------------------------------------------------------------------------------
 

@@ -8,15 +8,20 @@ Rules:
    and carrying the file's SHA-256 as the metadata ``ckpt-sha256``. ``CRC32`` and ``SHA256`` are what
    botocore computes by itself; ``CRC32C`` and ``CRC64NVME`` need ``awscrt`` (the ``crt`` extra), whose
    absence is an ``InvalidError`` when the files are made, never at the first upload.
-2. The upload is verified with one ``HeadObject``: its ``ContentLength`` and ``ckpt-sha256`` must be the
-   fast file's, and its ``ETag`` the one the file's bytes give (:func:`expected_etag`: the MD5 of the
-   file, or for a multipart upload the MD5 of its parts' MD5s and ``-<parts>``, with the parts boto3's
-   transfer cuts), else ``StorageError``: the ETag is the one digest every S3 server computes itself from
-   the bytes it received, so a body changed on the way is found even where the server ignores or does
-   not know the additional checksum (moto 5, Ceph RGW 16). The expected ETag also rides as the metadata
-   ``ckpt-etag``, so that :meth:`S3DurableFiles.stored` trusts the recorded SHA-256 only of an object whose
-   ETag is what the uploader expected. An object encrypted with SSE-KMS or SSE-C has an ETag that is no
-   MD5 (AWS's documented rule): there only the server's checksum check verifies the bytes.
+2. The upload is verified by the ETag the server computed from the bytes it received, which must be the
+   one the file's bytes give (:func:`expected_etag`: the MD5 of the file, or for a multipart upload the MD5
+   of its parts' MD5s and ``-<parts>``, with the parts boto3's transfer cuts), else ``VerificationError``:
+   the ETag is the one digest every S3 server computes itself, so a body changed on the way is found even
+   where the server ignores or does not know the additional checksum (moto 5, Ceph RGW 16). The ETag is
+   taken from the answer to the upload's last request (``PutObject``, or ``CompleteMultipartUpload``),
+   which :class:`_UploadAnswers` records from the client's own events; only where that answer carries no
+   MD5 ETag (SSE-KMS and SSE-C objects have none, AWS's documented rule; Ceph RGW 16.2 completes a multipart
+   upload with an empty one; or no answer was recorded) is the
+   object checked by one ``HeadObject``: its ``ContentLength`` and ``ckpt-sha256`` must be the fast
+   file's, and its ETag, when it is an MD5, the expected one (under SSE-KMS or SSE-C only the server's
+   checksum check verifies the bytes). The expected ETag also rides as the metadata ``ckpt-etag``, so that
+   :meth:`S3DurableFiles.stored` trusts the recorded SHA-256 only of an object whose ETag is what the
+   uploader expected.
 3. ``stored`` is one ``HeadObject``; ``listing`` one recursive ``ListObjectsV2`` (sizes only); ``fetch`` the
    managed download; small files (the manifest) one ``PutObject`` or ``GetObject``; ``digest`` one
    ``GetObject`` whose body is hashed as it streams (1 MiB reads, nothing kept), its size counted.
@@ -39,6 +44,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,10 +87,66 @@ def _comparable_etag(head: dict[str, Any]) -> str | None:
     return etag if _MD5_ETAG.fullmatch(etag) else None
 
 
+class _UploadAnswers:
+    """The answer to the last request of each upload being awaited, by (bucket, key), as the client's events
+    report it (rule 2): ``before-parameter-build`` notes which key a request is for in its context, and
+    ``after-call`` keeps the parsed answer of a successful one whose key is awaited. One per client."""
+
+    __slots__ = ("__weakref__", "_answers", "_lock")
+    _OPERATIONS = ("PutObject", "CompleteMultipartUpload")
+    _CONTEXT = "ckpt-upload-key"
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, client: Any) -> _UploadAnswers:
+        """The one recorder of ``client``, registered on its events the first time."""
+        with _RECORDERS_LOCK:
+            answers = _RECORDERS.get(client)
+            if answers is None:
+                answers = _RECORDERS[client] = cls()
+                for operation in cls._OPERATIONS:
+                    client.meta.events.register(f"before-parameter-build.s3.{operation}", answers._note)
+                    client.meta.events.register(f"after-call.s3.{operation}", answers._keep)
+            return answers
+
+    def expect(self, bucket: str, key: str) -> None:
+        with self._lock:
+            self._answers[(bucket, key)] = None
+
+    def take(self, bucket: str, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._answers.pop((bucket, key), None)
+
+    def _note(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context[self._CONTEXT] = (params.get("Bucket"), params.get("Key"))
+
+    def _keep(self, http_response: Any, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        where = context.get(self._CONTEXT)
+        if getattr(http_response, "status_code", 500) < 300:
+            with self._lock:
+                if where in self._answers:
+                    self._answers[where] = parsed
+
+
+_RECORDERS: weakref.WeakKeyDictionary[Any, _UploadAnswers] = weakref.WeakKeyDictionary()  # by client
+_RECORDERS_LOCK = threading.Lock()
+
+
 class S3DurableFiles:
     """The ``DurableFiles`` port over one S3 root (rules 1-5)."""
 
-    __slots__ = ("_bucket", "_checksum", "_concurrency", "_max_bandwidth", "_part_size", "_transfers")
+    __slots__ = (
+        "_answers",
+        "_bucket",
+        "_checksum",
+        "_concurrency",
+        "_max_bandwidth",
+        "_part_size",
+        "_transfers",
+    )
 
     def __init__(
         self,
@@ -108,6 +171,7 @@ class S3DurableFiles:
         self._max_bandwidth = max_bandwidth
         self._transfers: dict[bool, Any] = {}
         self._part_size = part_size
+        self._answers: _UploadAnswers | None = None
 
     def transfer_config(self, *, upload: bool = True) -> Any:
         """The ``TransferConfig`` boto3's transfer runs with (rule 6): the uploads (replication) with the
@@ -152,15 +216,27 @@ class S3DurableFiles:
             "Metadata": {DIGEST_METADATA: sha256, ETAG_METADATA: etag},
             **self._bucket.settings.write_params(),  # rule 5
         }
-        with self._bucket.errors("upload", url, write=True):
-            try:
-                self._s3transfer().upload_file(local_path, self._bucket.root.bucket, key, extra_args=extra)
-            except S3UploadFailedError as exc:
-                refused = exc.__context__  # boto3 raises it while handling the request's ClientError
-                if isinstance(refused, botocore_errors().ClientError):
-                    raise refused from None  # the boundary translates it, with the settings' hints
-                raise StorageError(f"cannot upload {url}: {exc}", location=url) from None
-        head = self._bucket.head_answer(key, action="read")  # rule 2
+        if self._answers is None:
+            self._answers = _UploadAnswers.of(self._bucket.client)
+        self._answers.expect(self._bucket.root.bucket, key)
+        try:
+            with self._bucket.errors("upload", url, write=True):
+                try:
+                    self._s3transfer().upload_file(
+                        local_path, self._bucket.root.bucket, key, extra_args=extra
+                    )
+                except S3UploadFailedError as exc:
+                    refused = exc.__context__  # boto3 raises it while handling the request's ClientError
+                    if isinstance(refused, botocore_errors().ClientError):
+                        raise refused from None  # the boundary translates it, with the settings' hints
+                    raise StorageError(f"cannot upload {url}: {exc}", location=url) from None
+        finally:
+            answer = self._answers.take(self._bucket.root.bucket, key)
+        answered = None if answer is None else _comparable_etag(answer)
+        if answered is not None:  # rule 2: the server's own MD5 of what it received
+            _same_etag(url, answered, etag)
+            return
+        head = self._bucket.head_answer(key, action="read")  # rule 2: no MD5 in the answer
         if head is None:
             raise VerificationError(f"cannot verify {url}: the storage holds nothing there", location=url)
         held, digest = int(head.get("ContentLength", -1)), (head.get("Metadata") or {}).get(DIGEST_METADATA)
@@ -171,12 +247,8 @@ class S3DurableFiles:
                 location=url,
             )
         stored_etag = _comparable_etag(head)
-        if stored_etag is not None and stored_etag != etag:
-            raise VerificationError(
-                f"cannot verify {url}: the storage computed ETag {stored_etag} from the bytes it received, "
-                f"the file's bytes give {etag}: the upload was changed on the way",
-                location=url,
-            )
+        if stored_etag is not None:
+            _same_etag(url, stored_etag, etag)
 
     def fetch(self, save: str, path: str, local_path: str) -> None:
         key = self._key(save, path)
@@ -213,6 +285,15 @@ class S3DurableFiles:
         key = self._key(save, path)
         with self._bucket.errors("write", self._bucket.url(key), write=True):
             self._bucket.put_object(key, data, ChecksumAlgorithm=self._checksum)  # rule 5
+
+
+def _same_etag(url: str, stored: str, expected: str) -> None:
+    if stored != expected:
+        raise VerificationError(
+            f"cannot verify {url}: the storage computed ETag {stored} from the bytes it received, "
+            f"the file's bytes give {expected}: the upload was changed on the way",
+            location=url,
+        )
 
 
 def _trusted_digest(head: dict[str, Any]) -> str | None:
