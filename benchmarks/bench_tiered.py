@@ -7,8 +7,12 @@ the in-process replicator.
 
 The S3 server is moto's (a subprocess on 127.0.0.1), which keeps every object in its memory: the issue's
 1 GiB and 8 GiB sets would measure moto's memory, not the transfer, so the sets are smaller and both
-sides carry the same moto. ``aws s3 cp`` (awscli) is not installed here and is not compared (the note says
-so); boto3's ``upload_file`` loop is the transfer machinery both it and ``ckpt`` use.
+sides carry the same moto. boto3's ``upload_file`` loop is the transfer machinery both awscli and ``ckpt``
+use. ``aws s3 cp --recursive`` is compared when awscli is there (``CKPT_BENCH_AWS``, the path of its
+``aws``, else ``aws`` on the ``PATH``); it pins its own botocore, so it lives in a venv of its own:
+
+    python3 -m venv .venv-aws && .venv-aws/bin/pip install awscli
+    CKPT_BENCH_AWS=.venv-aws/bin/aws .venv/bin/python benchmarks/run.py --only tiered
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,12 +36,12 @@ from ckpt.application.replication import manifest_problem, replicate, restore_ne
 from ckpt.application.rulebook import find_rule
 from ckpt.integrations.core import Publisher, open_job
 from ckpt.store import open_tiers, tier_files
-from moto_seeded import moto_server, store_client
+from moto_seeded import FAKE_ENV, REGION, moto_server, store_client
 from run import Context, Row, benchmark, best_of, ms
 
 _MiB = 1 << 20
 CONCURRENCY = 8
-ROUNDS = 3
+ROUNDS = 5
 
 
 def _fast_root(scratch: Path, name: str, files: int, total: int) -> PosixStore:
@@ -107,16 +114,53 @@ def _bare_downloads(client: Any, bucket: str, prefix: str, target: Path) -> None
         list(pool.map(lambda k: transfer.download_file(bucket, k, str(target / k.rsplit("/", 1)[1])), keys))
 
 
+def _aws() -> str | None:
+    """The ``aws`` command to compare with, or ``None`` (module docstring)."""
+    return os.environ.get("CKPT_BENCH_AWS") or shutil.which("aws")
+
+
+def _aws_env(scratch: Path) -> dict[str, str]:
+    """awscli's environment: moto's keys, and ``max_concurrent_requests`` set to ``CONCURRENCY``."""
+    config = scratch / "aws-config"
+    config.write_text(f"[default]\nregion = {REGION}\ns3 =\n    max_concurrent_requests = {CONCURRENCY}\n")
+    return {"PATH": os.environ.get("PATH", ""), "AWS_CONFIG_FILE": str(config), **FAKE_ENV}
+
+
+def _aws_cp(aws: str, endpoint: str, env: dict[str, str], source: str, target: str) -> float:
+    """The wall time of one ``aws s3 cp --recursive`` process (its start included)."""
+    started = time.perf_counter()
+    subprocess.run(
+        [aws, "--endpoint-url", endpoint, "s3", "cp", "--recursive", "--only-show-errors", source, target],
+        env=env,
+        check=True,
+    )
+    return time.perf_counter() - started
+
+
+def _aws_start(aws: str, env: dict[str, str]) -> float:
+    """The median wall time of ``aws --version``: what a process start costs awscli."""
+    times = []
+    for _ in range(ROUNDS):
+        started = time.perf_counter()
+        subprocess.run([aws, "--version"], env=env, check=True, capture_output=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 def _rate(total: int, seconds: float) -> str:
     return f"{total / seconds / _MiB:.0f} MiB/s ({ms(seconds)})"
 
 
-def _transfer_rows(ctx: Context, client: Any, files: int, total: int) -> list[Row]:
+def _transfer_rows(ctx: Context, client: Any, endpoint: str, files: int, total: int) -> list[Row]:
     label = f"{total // _MiB} MiB in {files} files"
     fast = _fast_root(ctx.scratch, f"tiered-fast-{files}", files, total)
     save = Path(fast.root) / "exec" / "a" / "checkpoint-1"
     replicated, bare_up, restored, bare_down = [], [], [], []
     verifying_up, verifying_down = [], []
+    aws = _aws()
+    aws_env = _aws_env(ctx.scratch) if aws is not None else {}
+    aws_up: list[float] = []
+    aws_down: list[float] = []
     for round_ in range(ROUNDS):
         bucket = f"tiered-{files}-{round_}"
         client.create_bucket(Bucket=bucket)
@@ -135,6 +179,8 @@ def _transfer_rows(ctx: Context, client: Any, files: int, total: int) -> list[Ro
         started = time.perf_counter()
         _verifying_uploads(client, bucket, save, "verifying")
         verifying_up.append(time.perf_counter() - started)
+        if aws is not None:
+            aws_up.append(_aws_cp(aws, endpoint, aws_env, str(save), f"s3://{bucket}/aws"))
         with tempfile.TemporaryDirectory(dir=ctx.scratch) as where:
             target = PosixStore(os.path.join(where, "fast"))
             os.mkdir(target.root)
@@ -151,10 +197,13 @@ def _transfer_rows(ctx: Context, client: Any, files: int, total: int) -> list[Ro
             started = time.perf_counter()
             _verifying_downloads(client, bucket, "bare", Path(where) / "verifying")
             verifying_down.append(time.perf_counter() - started)
+            if aws is not None:
+                target_folder = os.path.join(where, "aws")
+                aws_down.append(_aws_cp(aws, endpoint, aws_env, f"s3://{bucket}/aws", target_folder))
     up, up_floor, up_verifying = best_of(replicated), best_of(bare_up), best_of(verifying_up)
     down, down_floor, down_verifying = best_of(restored), best_of(bare_down), best_of(verifying_down)
-    note = "moto's server; boto3 loop with the same concurrency; awscli not installed here"
-    return [
+    note = "moto's server; boto3 loop with the same concurrency"
+    rows = [
         Row(
             "tiered replicate (S3)", label, _rate(total, up), _rate(total, up_floor),
             f"{up_floor / up:.2f}x", ">= 0.8x bare boto3", up_floor / up >= 0.8, note,
@@ -171,6 +220,21 @@ def _transfer_rows(ctx: Context, client: Any, files: int, total: int) -> list[Ro
             "tiered restore vs verifying loop", label, _rate(total, down), _rate(total, down_verifying),
             f"{down_verifying / down:.2f}x",
             note="the bare loop plus an fsync and a SHA-256 read-back of each file",
+        ),
+    ]  # fmt: skip
+    if aws is None:
+        return rows
+    start = _aws_start(aws, aws_env)
+    cli = f"aws s3 cp --recursive, {CONCURRENCY} requests at once; its process start ({ms(start)}) included"
+    return [
+        *rows,
+        Row(
+            "tiered replicate vs aws s3 cp", label, _rate(total, up), _rate(total, best_of(aws_up)),
+            f"{best_of(aws_up) / up:.2f}x", ">= 1x aws s3 cp", best_of(aws_up) / up >= 1, cli,
+        ),
+        Row(
+            "tiered restore vs aws s3 cp", label, _rate(total, down), _rate(total, best_of(aws_down)),
+            f"{best_of(aws_down) / down:.2f}x", ">= 1x aws s3 cp", best_of(aws_down) / down >= 1, cli,
         ),
     ]  # fmt: skip
 
@@ -240,7 +304,7 @@ def bench_tiered(ctx: Context) -> list[Row]:
     with moto_server(ctx.scratch, {}) as endpoint:
         client = store_client(endpoint)
         for files in ((8, 2) if ctx.quick else (16, 2)):
-            rows += _transfer_rows(ctx, client, files, total)
+            rows += _transfer_rows(ctx, client, endpoint, files, total)
     rows.append(_verification_row(ctx, total))
     rows.append(_hook_row(ctx))
     return rows
