@@ -151,6 +151,103 @@ class TestBackgroundReplicator:
         assert resume_location("hf", settle=0, **settings) == found
 
 
+def scrape(url: str) -> dict[str, float]:
+    """The metrics at ``url``, by name with labels, as Prometheus' text format writes them."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            found[name] = float(value)
+    return found
+
+
+class TestReplicatorMetrics:
+    """spec/tiered.md §9.6: the in-process replicator serves ``ckpt replicate``'s metrics."""
+
+    def env(self, fast: Path, durable: Path, **more: str) -> dict[str, str]:
+        return {
+            "CKPT_ROOT": str(fast),
+            "CKPT_DURABLE": str(durable),
+            "DISPATCH_EPOCH": "3",
+            "DISPATCH_ATTEMPT": "a",
+            **more,
+        }
+
+    def test_scraped_over_http_while_training_and_gone_after_close(self, tmp_path: Path) -> None:
+        import urllib.error
+
+        fast, durable = roots(tmp_path)
+        job = open_job(environ=self.env(fast, durable, CKPT_DURABLE_METRICS_PORT="0"))
+        assert job.durable_metrics == ("127.0.0.1", 0)
+        publisher = Publisher(job, is_main=True)
+        try:
+            replicator = publisher.replicator
+            assert replicator is not None
+            assert replicator.metrics_url is not None
+            assert replicator.metrics_url.startswith("http://127.0.0.1:")
+            for step in (10, 20):
+                publisher.publish(step, write_save(fast, "a", step))
+            done = threading.Event()
+            for _ in range(600):  # until the replicator's thread has published both (a bound, not a timing)
+                if len(replicator.published) == 2:
+                    done.set()
+                    break
+                done.wait(0.05)
+            assert [e.step for e in replicator.published] == [10, 20]
+            seen = scrape(replicator.metrics_url)
+            assert seen["ckpt_replicate_saves_published_total"] == 2
+            assert seen["ckpt_replicate_files_copied_total"] == 6  # two parts and the state, twice
+            assert seen["ckpt_replicate_last_durable_epoch"] == 3
+            assert seen["ckpt_replicate_last_durable_step"] == 20
+            assert seen["ckpt_replicate_entries_pending"] == 0
+            assert seen["ckpt_replicate_lag_steps"] == 0
+            assert seen["ckpt_replicate_passes_total"] >= 1
+            url = replicator.metrics_url
+        finally:
+            assert publisher.close() == ()
+        with pytest.raises(urllib.error.URLError):
+            scrape(url)
+
+    def test_a_malformed_port_is_refused_when_the_job_is_opened(self, tmp_path: Path) -> None:
+        fast, durable = roots(tmp_path)
+        with pytest.raises(InvalidError, match="CKPT_DURABLE_METRICS_PORT 'http' must be a port number"):
+            open_job(environ=self.env(fast, durable, CKPT_DURABLE_METRICS_PORT="http"))
+        with pytest.raises(InvalidError, match="CKPT_DURABLE_METRICS_ADDRESS 'localhost' must be an IP"):
+            open_job(
+                environ=self.env(
+                    fast, durable, CKPT_DURABLE_METRICS_PORT="0", CKPT_DURABLE_METRICS_ADDRESS="localhost"
+                )
+            )
+        plain = open_job(
+            environ={**self.env(fast, durable), "CKPT_DURABLE": "", "CKPT_DURABLE_METRICS_PORT": "x"}
+        )
+        assert plain.tiers is None  # without a durable root the variables are not read
+
+    def test_a_port_taken_is_logged_and_the_replication_goes_on(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        import socket
+
+        fast, durable = roots(tmp_path)
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = str(taken.getsockname()[1])
+            job = open_job(environ=self.env(fast, durable, CKPT_DURABLE_METRICS_PORT=port))
+            with caplog.at_level("ERROR", logger="ckpt.integrations"):
+                publisher = Publisher(job, is_main=True)
+            assert publisher.replicator is not None
+            assert publisher.replicator.metrics_url is None
+            assert f"replicating without metrics: cannot serve metrics at 127.0.0.1:{port}" in caplog.text
+            publisher.publish(10, write_save(fast, "a", 10))
+            assert publisher.close() == ()
+        assert pairs(durable) == [(3, 10)]
+
+
 def run_tiered(
     module: str, fast: Path, durable: Path, attempt: str, epoch: int, out: Path, *args: str
 ) -> Any:

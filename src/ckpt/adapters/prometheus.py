@@ -41,6 +41,9 @@ Rules:
    ========================================================  ==============================================
 4. The server binds the address given (``127.0.0.1`` unless told otherwise: metrics are not for the world
    unless the operator says so) and serves from a daemon thread, so it never keeps the process alive.
+5. :func:`parse_endpoint` is the one reading of a port and an address as an operator writes them (the
+   commands' ``--metrics-port`` / ``--metrics-address``, the in-process replicator's
+   ``CKPT_DURABLE_METRICS_PORT`` / ``CKPT_DURABLE_METRICS_ADDRESS``): a port from 0 to 65535, an IP address.
 """
 
 from __future__ import annotations
@@ -56,9 +59,11 @@ from ckpt.domain.entries import Entry
 from ckpt.domain.errors import InvalidError
 
 __all__ = [
+    "DEFAULT_ADDRESS",
     "MetricsServer",
     "ReplicationMetrics",
     "WatchMetrics",
+    "parse_endpoint",
     "serve_replication_metrics",
     "serve_watch_metrics",
 ]
@@ -68,12 +73,41 @@ __all__ = [
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
+DEFAULT_ADDRESS = "127.0.0.1"
+
+
+def parse_endpoint(
+    port: str | None, address: str | None, *, port_name: str, address_name: str
+) -> tuple[str, int] | None:
+    """``(address, port)`` as written under ``port_name`` and ``address_name``, or ``None`` when no port is
+    given (rule 5); ``InvalidError`` naming the one that is wrong."""
+    import ipaddress
+
+    if port is None:
+        if address is not None:
+            raise InvalidError(f"{address_name} applies to the metrics endpoint: give {port_name} as well")
+        return None
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and int(port) <= 65535):
+        shown = port if len(port) <= 40 else port[:40] + "..."
+        raise InvalidError(f"{port_name} {shown!r} must be a port number from 0 to 65535")
+    if address is None:
+        address = DEFAULT_ADDRESS
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        shown = address if len(address) <= 60 else address[:60] + "..."
+        raise InvalidError(
+            f"{address_name} {shown!r} must be an IP address (such as 127.0.0.1, 0.0.0.0 or ::)"
+        ) from None
+    return address, int(port)
+
+
 def _prometheus() -> Any:
     try:
         import prometheus_client
     except ImportError as exc:
         raise InvalidError(
-            "--metrics-port needs the prometheus_client package: pip install 'ckpt-log[metrics]'"
+            "serving metrics needs the prometheus_client package: pip install 'ckpt-log[metrics]'"
         ) from exc
     return prometheus_client
 

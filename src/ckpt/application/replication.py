@@ -61,6 +61,7 @@ __all__ = [
     "Restored",
     "manifest_problem",
     "not_yet_durable",
+    "pending_after",
     "pending_between",
     "replicate",
     "restore_newer",
@@ -193,6 +194,16 @@ def not_yet_durable(fast_entries: Iterable[Entry], durable_newest: Entry | None)
     greatest entry, every one when it has none (spec/tiered.md §2.1, §7.1a, §11.1). The one home of that
     rule: the replication, the fast prune, the lag and the reports all ask it."""
     return sorted(e for e in fast_entries if durable_newest is None or e > durable_newest)
+
+
+def pending_after(fast: WatchStore, last: Replicated) -> list[Entry]:
+    """The fast entries not yet durable after the pass ``last`` (spec/tiered.md §11.1): its own when it
+    stopped or failed, else those greater than the durable root's greatest, less those it passed over (one
+    listing of the fast root). What the replicators' metrics report as pending."""
+    if last.pending:
+        return list(last.pending)
+    passed = {entry for entry, _ in last.passed}
+    return [e for e in not_yet_durable(fast.entries(), last.newest_durable) if e not in passed]
 
 
 def pending_between(fast: WatchStore, durable: WatchStore) -> list[Entry]:

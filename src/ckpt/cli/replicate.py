@@ -76,17 +76,6 @@ def register(commands: Any) -> None:
     p.set_defaults(handler=_handle)
 
 
-def _pending_after(fast: Any, last: Any) -> list[Any]:
-    """The fast entries not yet durable after the pass ``last`` (spec/tiered.md §11.1): its own when it
-    stopped or failed, else those greater than the durable root's greatest (one listing of the fast root)."""
-    if last.pending:
-        return list(last.pending)
-    from ckpt.application.replication import not_yet_durable
-
-    passed = {entry for entry, _ in last.passed}
-    return [e for e in not_yet_durable(fast.entries(), last.newest_durable) if e not in passed]
-
-
 def _limits(args: Any) -> Any:
     """Rule 6: ``--concurrency`` and ``--max-bandwidth`` (spec/tiered.md §12)."""
     from ckpt.domain.tiered_ports import TransferSettings, parse_checksum, parse_rate
@@ -121,7 +110,7 @@ def open_tier(ctx: Any, durable: str, limits: Any = None) -> tuple[Any, Any, Any
 
 
 def _handle(ctx: Any) -> int:
-    from ckpt.application.replication import Replicated, pending_between, replicate
+    from ckpt.application.replication import Replicated, pending_after, pending_between, replicate
     from ckpt.cli.watch import metrics_endpoint, parse_seconds
     from ckpt.stopping import stop_on_signals
 
@@ -171,7 +160,7 @@ def _handle(ctx: Any) -> int:
             published += last.published
             if metrics is not None:
                 try:
-                    metrics.passed(last, tuple(_pending_after(fast, last)))
+                    metrics.passed(last, tuple(pending_after(fast, last)))
                 except CkptError as exc:
                     ctx.warn(f"cannot tell which entries are not yet durable: {exc}")
                     metrics.passed(last, last.pending)

@@ -56,6 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from ckpt.adapters.prometheus import DEFAULT_ADDRESS as DEFAULT_METRICS_ADDRESS
 from ckpt.config import MAX_SECONDS
 from ckpt.domain.catchup import attempt_of_saves
 from ckpt.domain.entries import Entry, exec_save_prefix, parse_epoch, validate_save
@@ -79,7 +80,6 @@ _log = logging.getLogger("ckpt.watch")
 
 DEFAULT_INTERVAL = 10.0
 DEFAULT_SCAN_TIMEOUT = 120.0
-DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 # Rule 1: a plain decimal number of seconds. float() alone would also take "-1", "1e3", "inf", "nan", "1_0".
 _SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 
@@ -269,29 +269,14 @@ def _world_size(args: argparse.Namespace, environ: Mapping[str, str]) -> int | N
 
 def metrics_endpoint(args: argparse.Namespace) -> tuple[str, int] | None:
     """``(address, port)`` from ``--metrics-address`` and ``--metrics-port``, or ``None`` (rule 7)."""
-    import ipaddress
+    from ckpt.adapters.prometheus import parse_endpoint
 
-    port_text: str | None = getattr(args, "metrics_port", None)
-    address: str | None = getattr(args, "metrics_address", None)
-    if port_text is None:
-        if address is not None:
-            raise InvalidError(
-                "--metrics-address applies to the metrics endpoint: pass --metrics-port as well"
-            )
-        return None
-    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and int(port_text) <= 65535):
-        shown = port_text if len(port_text) <= 40 else port_text[:40] + "..."
-        raise InvalidError(f"--metrics-port {shown!r} must be a port number from 0 to 65535")
-    if address is None:
-        address = DEFAULT_METRICS_ADDRESS
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        shown = address if len(address) <= 60 else address[:60] + "..."
-        raise InvalidError(
-            f"--metrics-address {shown!r} must be an IP address (such as 127.0.0.1, 0.0.0.0 or ::)"
-        ) from None
-    return address, int(port_text)
+    return parse_endpoint(
+        getattr(args, "metrics_port", None),
+        getattr(args, "metrics_address", None),
+        port_name="--metrics-port",
+        address_name="--metrics-address",
+    )
 
 
 def _stop_on_signals(stop: threading.Event) -> AbstractContextManager[None]:

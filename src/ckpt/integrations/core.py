@@ -36,7 +36,9 @@ Rules (docs/adr/0010-in-process-publish-policy.md says why):
    main process's publisher runs a ``BackgroundReplicator`` (``ckpt.integrations.replicator``), woken after
    each publication, and :meth:`Publisher.close` ends it; ``resume_location`` restores the durable root's
    newest verified save when it is newer than the root's own (spec/tiered.md §6), on the main process, and
-   every rank gets its fast location.
+   every rank gets its fast location. With ``CKPT_DURABLE_METRICS_PORT`` (and
+   ``CKPT_DURABLE_METRICS_ADDRESS``, default 127.0.0.1; read only with a durable root, checked when the job
+   is opened) that replicator serves the metrics of ``ckpt replicate --metrics-port`` (spec/tiered.md §9.6).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Job:
     attempt: str
     world_size: int | None = None
     tiers: Tiers | None = attrs.field(default=None, eq=False)  # with a durable root (rule 7)
+    durable_metrics: tuple[str, int] | None = None  # the in-process replicator's metrics endpoint (rule 7)
 
     def run_world_size(self) -> int | None:
         """This run's world size (rule 4): ``world_size``, else ``torch.distributed``'s, else ``None``."""
@@ -133,7 +136,8 @@ def open_job(
     the same configuration (rule 7); ``durable_max_bandwidth`` (bytes per second, an int or a rate such as
     ``"200M"``; else ``CKPT_DURABLE_MAX_BANDWIDTH``) and ``durable_concurrency`` (else
     ``CKPT_DURABLE_CONCURRENCY``) bound the replication, and ``durable_checksum`` (else
-    ``CKPT_DURABLE_CHECKSUM``) names the S3 additional checksum of its uploads (spec/tiered.md §12).
+    ``CKPT_DURABLE_CHECKSUM``) names the S3 additional checksum of its uploads (spec/tiered.md §12);
+    ``CKPT_DURABLE_METRICS_PORT`` and ``CKPT_DURABLE_METRICS_ADDRESS`` the replicator's metrics endpoint.
     """
     env = os.environ if environ is None else environ
     size = None if world_size is None else validate_world_size(world_size)
@@ -180,6 +184,15 @@ def open_job(
         from ckpt.adapters.posix.tiered import make_dirs
 
         make_dirs(tiers.fast.root)  # a new node, or one that lost its disk (spec/tiered.md §6.5)
+        from ckpt.adapters.prometheus import parse_endpoint
+
+        endpoint = parse_endpoint(
+            env.get("CKPT_DURABLE_METRICS_PORT") or None,
+            env.get("CKPT_DURABLE_METRICS_ADDRESS") or None,
+            port_name="CKPT_DURABLE_METRICS_PORT",
+            address_name="CKPT_DURABLE_METRICS_ADDRESS",
+        )
+        return Job(store, number, attempt, size, tiers, endpoint)
     return Job(store, number, attempt, size, tiers)
 
 
@@ -256,7 +269,7 @@ class Publisher:
             if job.tiers is not None:  # rule 7: the copy to the durable root runs in its own thread
                 from ckpt.integrations.replicator import BackgroundReplicator
 
-                self.replicator = BackgroundReplicator(job.tiers)
+                self.replicator = BackgroundReplicator(job.tiers, metrics_endpoint=job.durable_metrics)
 
     def __repr__(self) -> str:
         return f"Publisher({self.job.store!r}, epoch={self.job.epoch}, attempt={self.job.attempt!r})"

@@ -17,6 +17,11 @@ Rules (docs/spec/tiered.md §9):
    it stops after the file being copied and publishes nothing more. Either way each fast entry still not
    durable is one ``not yet durable`` warning: a SIGKILL or a lost node loses only what those lines name,
    and the next execution's replicator (or ``ckpt replicate``) copies them while the fast root holds them.
+5. With a metrics endpoint (``(address, port)``: ``CKPT_DURABLE_METRICS_PORT``, spec/tiered.md §9.5) it
+   serves the metrics ``ckpt replicate --metrics-port`` serves (``ckpt.adapters.prometheus``), fed after
+   every pass, from the moment it starts until :meth:`~BackgroundReplicator.close` returns. An endpoint
+   that cannot be served (the port taken, ``prometheus_client`` missing) is logged as an error and the
+   replicator runs without metrics: metrics never stop training.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+from typing import Any
 
-from ckpt.application.replication import Replicated, pending_between, replicate
+from ckpt.application.replication import Replicated, pending_after, pending_between, replicate
 from ckpt.domain.entries import Entry
 from ckpt.domain.errors import CkptError
 from ckpt.store import Tiers
@@ -40,7 +46,13 @@ RETRY_SECONDS = 30.0
 class BackgroundReplicator:
     """Replicates the fast root's published saves to the durable root in a background thread (rules 1-4)."""
 
-    def __init__(self, tiers: Tiers, *, retry_seconds: float = RETRY_SECONDS) -> None:
+    def __init__(
+        self,
+        tiers: Tiers,
+        *,
+        retry_seconds: float = RETRY_SECONDS,
+        metrics_endpoint: tuple[str, int] | None = None,
+    ) -> None:
         self.tiers = tiers
         self.retry_seconds = retry_seconds
         self.published: list[Entry] = []  # durable entries this replicator created, in order
@@ -50,12 +62,31 @@ class BackgroundReplicator:
         self._stop = threading.Event()  # stop after the file being copied
         self._draining = False
         self._lock = threading.Lock()
+        self.metrics: Any = None  # ckpt.adapters.prometheus.ReplicationMetrics, while served (rule 5)
+        self.metrics_url: str | None = None
+        self._server: Any = None
+        if metrics_endpoint is not None:
+            self._serve(metrics_endpoint)
         self._thread = threading.Thread(target=self._run, name="ckpt-replicator", daemon=True)
         self._thread.start()
         atexit.register(self.close)
 
     def __repr__(self) -> str:
         return f"BackgroundReplicator({self.tiers.fast!r} -> {self.tiers.durable!r})"
+
+    def _serve(self, endpoint: tuple[str, int]) -> None:
+        """Rule 5: serve the metrics, or say why not and go on without them."""
+        from ckpt import __version__
+        from ckpt.adapters.prometheus import serve_replication_metrics
+
+        try:
+            self.metrics, self._server = serve_replication_metrics(*endpoint, version=__version__)
+        except (CkptError, OSError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            _log.error("replicating without metrics: %s", reason)
+            return
+        self.metrics_url = self._server.url
+        _log.info("serving replication metrics at %s", self.metrics_url)
 
     def wake(self) -> None:
         """Ask for a pass soon (rule 2): returns at once."""
@@ -73,6 +104,9 @@ class BackgroundReplicator:
             self._stop.set()
         self._wake.set()
         self._thread.join()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         pending = self.pending()
         for entry in pending:
             _log.warning("not yet durable: %s", self.tiers.fast.location(entry))
@@ -114,11 +148,15 @@ class BackgroundReplicator:
                 files_in_flight=tiers.files_in_flight,
             )
         except CkptError as exc:  # rule 3: the logs could not be read
+            if self.metrics is not None:
+                self.metrics.passed(None)
             self.failure = str(exc)
             _log.error("replication failed (will retry): %s", exc)
             return False
         self.last = outcome
         self.published += outcome.published
+        if self.metrics is not None:
+            self._count(outcome)
         for entry in outcome.published:
             _log.info("durable: %s", tiers.durable.location(entry))
         for entry, reason in outcome.passed:
@@ -128,3 +166,12 @@ class BackgroundReplicator:
             _log.error("replication failed (will retry): %s", outcome.failure)
             return False
         return True
+
+    def _count(self, outcome: Replicated) -> None:
+        assert self.metrics is not None
+        try:
+            pending = tuple(pending_after(self.tiers.fast, outcome))
+        except CkptError as exc:
+            _log.error("cannot tell which entries are not yet durable: %s", exc)
+            pending = outcome.pending
+        self.metrics.passed(outcome, pending)
