@@ -102,6 +102,37 @@ class TestBackgroundReplicator:
         assert readers
         assert set(readers) == {"ckpt-replicator"}
 
+    def test_a_pass_that_raises_a_defect_is_logged_and_the_thread_goes_on(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Rule 3a of ckpt.integrations.replicator: an error that is no CkptError (here a RuntimeError from
+        the first copy) fails that pass only; the thread lives, and close() still makes every save durable."""
+        from ckpt.adapters.posix.tiered import PosixTierFiles
+
+        original = PosixTierFiles.put
+        raised: list[str] = []
+
+        def put(self: PosixTierFiles, *args: Any) -> None:
+            if not raised:
+                raised.append(threading.current_thread().name)
+                raise RuntimeError("a defect in the copy")
+            original(self, *args)
+
+        monkeypatch.setattr(PosixTierFiles, "put", put)
+        fast, durable = roots(tmp_path)
+        job = open_job(root=str(fast), epoch=7, attempt="a", environ={}, durable=str(durable))
+        with caplog.at_level("ERROR", logger="ckpt.integrations"):
+            publisher = Publisher(job, is_main=True)
+            assert publisher.replicator is not None
+            publisher.publish(2, write_save(fast, "a", 2))
+            publisher.publish(4, write_save(fast, "a", 4))
+            assert publisher.close() == ()
+        assert len(raised) == 1  # in the replicator's thread or one of its copies', never the training one
+        assert raised[0] != threading.current_thread().name
+        expected = "replication failed unexpectedly (will retry): RuntimeError: a defect in the copy"
+        assert expected in caplog.text
+        assert pairs(durable) == [(7, 2), (7, 4)]
+
     def test_an_earlier_executions_saves_are_copied_when_the_next_one_starts(self, tmp_path: Path) -> None:
         fast, durable = roots(tmp_path)
         plain = Publisher(open_job(root=str(fast), epoch=1, attempt="a", environ={}), is_main=True)

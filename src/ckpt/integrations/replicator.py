@@ -10,6 +10,9 @@ Rules (docs/spec/tiered.md §9):
    returns; no file is read and no request is sent on the caller's thread.
 3. A pass that fails (storage, verification, a log that cannot be read) is logged with what is not yet
    durable, and tried again after ``retry_seconds`` or at the next wake, whichever comes first.
+3a. A pass that raises anything else (a defect, an error a library did not translate) is logged the same
+   way, by its type and message (its traceback at debug level), counted as a failed pass, and retried: the
+   thread never dies of it, so the saves published after it are still copied and ``close`` still drains.
 4. :meth:`~BackgroundReplicator.close` (the integrations call it when training ends; also run at the
    interpreter's normal exit) lets the thread run one last pass, begun after the close so that it sees
    every save published before it, and ends the thread when that pass ends (success or not). With
@@ -132,7 +135,11 @@ class BackgroundReplicator:
                 return
             with self._lock:
                 draining = self._draining
-            retry = not self._pass()
+            try:
+                retry = not self._pass()
+            except Exception as exc:  # noqa: BLE001 - rule 3a: the thread outlives a bug in a pass
+                self._unexpected(exc)
+                retry = True
             if draining:  # begun after close(): it saw every entry published before close() (rule 4)
                 return
 
@@ -166,6 +173,14 @@ class BackgroundReplicator:
             _log.error("replication failed (will retry): %s", outcome.failure)
             return False
         return True
+
+    def _unexpected(self, exc: Exception) -> None:
+        """Rule 3a: count and log an error that is no ``CkptError``, the traceback only at debug level."""
+        self.failure = f"{type(exc).__name__}: {exc}"
+        if self.metrics is not None:
+            self.metrics.passed(None)
+        _log.error("replication failed unexpectedly (will retry): %s", self.failure)
+        _log.debug("the failed pass", exc_info=exc)
 
     def _count(self, outcome: Replicated) -> None:
         assert self.metrics is not None
