@@ -549,6 +549,37 @@ def s3(
     return client, f"s3://{bucket}/tiers", s3_config(tmp_path / "ckpt.toml", s3_server)
 
 
+class TestKilledRestoreS3:
+    """On moto's server and on Ceph RGW (``s3``): TestKilledRestore's restore, from an S3 durable root."""
+
+    @pytest.mark.parametrize("boundary", range(1, FILES_PER_SAVE + 1))
+    def test_killed_after_each_restored_file_the_rerun_restores_it_whole(
+        self, tmp_path: Path, s3: tuple[Any, str, str], boundary: int
+    ) -> None:
+        """SIGKILL after the n-th file installed, the others in flight (a 9 MiB file is still downloading
+        in parts when the small ones are done, boto3 writing it under a name of its own): no fast entry;
+        the next resume restores the save whole, with no temporary file of either kind left in it
+        (tiered.md §4.3, §6.3)."""
+        _, root, config = s3
+        fast = tmp_path / "fast"
+        save = hf_save(fast, "a", 100, size=9 << 20)
+        publish(fast, 5, 100, save)
+        replicated = run("--config", config, "--root", str(fast), "replicate", "--to", root, "--once")
+        assert replicated.returncode == 0, replicated.stderr
+        expected = files_of(save)
+        shutil.rmtree(fast)
+        env = {"TIERED_FAST_ROOT": str(fast), "DISPATCH_ATTEMPT": "b", "DISPATCH_EPOCH": "6"}
+        args = ("--config", config, "--root", str(fast), "resume", "--framework", "hf", "--durable", root)
+        killed = run("kill-restore", str(boundary), *args, env=env, module="support.tiered_replicator")
+        assert killed.returncode == -9, killed.stderr
+        assert killed.stdout == ""
+        assert entries(str(fast)) == []
+        result = resume(fast, root, "c", 7, "--config", config)
+        assert (result.returncode, result.stdout) == (0, f"{save}\n"), result.stderr
+        assert files_of(save) == expected
+        assert entries(str(fast)) == [f"5 100 {save}"]
+
+
 def entry_key(client: Any, root: str) -> str:
     """The key, relative to the root, of the only entry in the root's ``pub/``."""
     bucket, prefix = root.split("/")[2], "tiers/pub/"
