@@ -51,12 +51,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ckpt.application.replication import Replicated
-from ckpt.application.watcher import ScanReport
-from ckpt.domain.entries import Entry
 from ckpt.domain.errors import InvalidError
+
+if TYPE_CHECKING:  # annotations only: importing this module (every command's parser) stays cheap
+    from ckpt.application.replication import Replicated
+    from ckpt.application.watcher import ScanReport
+    from ckpt.domain.entries import Entry
 
 __all__ = [
     "DEFAULT_ADDRESS",
