@@ -20,7 +20,7 @@ Rules (docs/spec/tiered.md §9):
    it stops after the file being copied and publishes nothing more. Either way each fast entry still not
    durable is one ``not yet durable`` warning: a SIGKILL or a lost node loses only what those lines name,
    and the next execution's replicator (or ``ckpt replicate``) copies them while the fast root holds them.
-5. With a metrics endpoint (``(address, port)``: ``CKPT_DURABLE_METRICS_PORT``, spec/tiered.md §9.5) it
+5. With a metrics endpoint (``(address, port)``: ``CKPT_DURABLE_METRICS_PORT``, spec/tiered.md §9.6) it
    serves the metrics ``ckpt replicate --metrics-port`` serves (``ckpt.adapters.prometheus``), fed after
    every pass, from the moment it starts until :meth:`~BackgroundReplicator.close` returns. An endpoint
    that cannot be served (the port taken, ``prometheus_client`` missing) is logged as an error and the
