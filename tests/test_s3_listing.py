@@ -339,6 +339,43 @@ class TestOverHttp:
         assert (page.keys, len(answered), log.operations()) == (["pub/x"], 1, ["ListObjectsV2"] * 2)
         assert bucket.taken == [True]
 
+    def test_botocores_error_check_runs_once_for_every_answer_but_the_pages_taken_over(
+        self, bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Rule 6: botocore's search for an <Error> inside a 200 answer (a tree of the whole body) is not
+        run on a page the parser read, and runs, once, on every other answer of the same client: a listing
+        the store did not send, a put, a head."""
+        from botocore import handlers
+
+        checked: list[int] = []
+        original = handlers._looks_like_special_case_error
+
+        def counting(status_code: int, body: bytes) -> bool:
+            checked.append(status_code)
+            return original(status_code, body)
+
+        monkeypatch.setattr(handlers, "_looks_like_special_case_error", counting)
+        bucket.put("pub/x")
+        checked.clear()
+        list_page(bucket.client, {"Bucket": bucket.name, "Prefix": "pub/"})
+        list_page(bucket.client, {"Bucket": bucket.name, "Prefix": "pub/"})
+        assert (checked, bucket.taken) == ([], [True, True])
+        bucket.client.list_objects_v2(Bucket=bucket.name, Prefix="pub/")
+        bucket.client.put_object(Bucket=bucket.name, Key="pub/y", Body=b"")
+        bucket.client.head_object(Bucket=bucket.name, Key="pub/y")
+        assert checked == [200, 200, 200]
+
+    def test_a_cut_page_is_still_retried_as_botocore_retries_it(self, moto_server: str) -> None:
+        """A 200 whose body is cut short (a network fault): the parser gives up, botocore's check finds
+        it malformed and makes it a 500, the retry reads the page."""
+        bucket = Bucket(moto_server, make_s3_client(http_settings(moto_server, max_attempts=2), FAKE_ENV))
+        bucket.put("pub/x")
+        cut = b"<ListBucketResult><Contents>"
+        answered = answer_instead(bucket.client, "ListObjectsV2", 200, cut, times=1)
+        log = RequestLog(bucket.client)
+        page = list_page(bucket.client, {"Bucket": bucket.name, "Prefix": "pub/"})
+        assert (page.keys, len(answered), log.operations()) == (["pub/x"], 1, ["ListObjectsV2"] * 2)
+
     def test_the_last_failed_attempt_is_botocores_error(self, moto_server: str) -> None:
         """500 on every attempt: the store's StorageError naming InternalError, as before."""
         bucket = Bucket(moto_server, make_s3_client(http_settings(moto_server, max_attempts=2), FAKE_ENV))

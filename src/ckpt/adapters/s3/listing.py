@@ -28,13 +28,21 @@ cost about 0.1-0.2 ms a key, most of a listing's client CPU. Rules:
    ``map``); the tree is dropped with the page. Fed piecewise with a Python loop over every element's end
    event (``XMLPullParser``), as at first, it cost about 1.5 times as much CPU a key.
 
-The standard library only (``xml.etree.ElementTree``); botocore is never imported here.
+6. botocore itself parses every 200 answer of S3 into a tree once more, only to see whether its root is
+   ``Error`` (its ``_handle_200_error``, first among the client's ``before-parse.s3.*`` handlers): for a
+   listing page that doubled the client's parse. On each client :func:`list_page` uses, that handler is
+   replaced by :func:`_before_parse`, registered first in its place: a page it takes over has the root
+   ``ListBucketResult`` (no error hides in it), and every other answer, of any operation, goes to botocore's
+   handler as before. A botocore without a handler of that name keeps its own, and pages are parsed twice.
+
+The standard library only (``xml.etree.ElementTree``); botocore is imported only to find rule 6's handler.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections.abc import Mapping
 from operator import methodcaller
 from typing import Any
@@ -45,7 +53,7 @@ import attrs
 
 __all__ = ["ListingPage", "list_page", "page_of_answer", "parse_listing_page"]
 
-_EVENT = "before-parse.s3.ListObjectsV2"
+_ALL_PARSES = "before-parse.s3.*"  # where botocore checks every 200 answer for an error (rule 6)
 _HOOK_ID = "ckpt-listing-page"
 _ANSWER_KEY = "CkptListingPage"  # where the page rides in botocore's parsed answer (no S3 member has it)
 # The XML declaration's encoding, when it names one (rule 3).
@@ -83,7 +91,7 @@ def list_page(client: Any, params: Mapping[str, Any]) -> ListingPage:
     events = getattr(getattr(client, "meta", None), "events", None)
     if events is None:
         return page_of_answer(client.list_objects_v2(**params))
-    events.register(_EVENT, _take_over, unique_id=_HOOK_ID)  # once per client; later calls are no-ops
+    _install(events)
     outer = getattr(_local, "active", False)
     _local.active = True
     try:
@@ -94,17 +102,61 @@ def list_page(client: Any, params: Mapping[str, Any]) -> ListingPage:
     return page if isinstance(page, ListingPage) else page_of_answer(answer)
 
 
-def _take_over(response_dict: dict[str, Any], customized_response_dict: dict[str, Any], **_: Any) -> None:
-    """The ``before-parse`` handler: read a successful page of :func:`list_page`'s call (rule 2)."""
-    if not getattr(_local, "active", False) or not 200 <= response_dict.get("status_code", 0) < 300:
+_installed: weakref.WeakSet[Any] = weakref.WeakSet()  # the clients' event emitters already set up
+_installing = threading.Lock()
+
+
+def _install(events: Any) -> None:
+    """Rule 6: put :func:`_before_parse` first in the client's ``before-parse.s3.*`` handlers, in place of
+    botocore's check for an error inside a 200 answer, which it then calls for every other answer."""
+    if events in _installed:
         return
+    with _installing:
+        if events in _installed:
+            return
+        check = _botocore_200_check()
+        if check is not None:
+            events.unregister(_ALL_PARSES, check)
+        events.register_first(_ALL_PARSES, _before_parse, unique_id=_HOOK_ID)
+        _installed.add(events)
+
+
+def _botocore_200_check() -> Any:
+    """botocore's handler that parses every 200 answer of S3 looking for an ``<Error>`` root, or ``None``
+    where this botocore has none by that name (then it stays, and pages are parsed twice, as before)."""
+    try:
+        from botocore import handlers
+    except ImportError:  # a client double without botocore
+        return None
+    return getattr(handlers, "_handle_200_error", None)
+
+
+def _before_parse(
+    response_dict: dict[str, Any], customized_response_dict: dict[str, Any], **rest: Any
+) -> None:
+    """The ``before-parse.s3.*`` handler (rules 2 and 6): take over a page of :func:`list_page`'s call, else
+    let botocore look for an error inside a 200 answer, as it would have."""
+    listing = getattr(rest.get("operation_model"), "name", None) == "ListObjectsV2"
+    if listing and _take_over(response_dict, customized_response_dict):
+        return  # a page whose root is ListBucketResult: no error hides in it
+    check = _botocore_200_check()
+    if check is not None:
+        check(response_dict=response_dict, customized_response_dict=customized_response_dict, **rest)
+
+
+def _take_over(response_dict: dict[str, Any], customized_response_dict: dict[str, Any]) -> bool:
+    """Read a successful page of :func:`list_page`'s call (rule 2); whether it was taken over."""
+    if not getattr(_local, "active", False) or not 200 <= response_dict.get("status_code", 0) < 300:
+        return False
     body = response_dict.get("body")
     if not isinstance(body, bytes):
-        return
+        return False
     page = parse_listing_page(body)
-    if page is not None:
-        customized_response_dict[_ANSWER_KEY] = page
-        response_dict["body"] = b""  # botocore's parser then reads the headers only
+    if page is None:
+        return False
+    customized_response_dict[_ANSWER_KEY] = page
+    response_dict["body"] = b""  # botocore's parser then reads the headers only
+    return True
 
 
 def page_of_answer(answer: Mapping[str, Any]) -> ListingPage:
