@@ -1,9 +1,8 @@
 """S3 rows against the request floor: resolve beside its bare ListObjectsV2 requests, publish beside one PUT.
 
 Issue 21 ("reads at the request floor", ADR 0027): a listing should cost what its requests cost, not what
-parsing their answers costs. For each server in :data:`SERVERS` (moto's by default; a server is a
-parameter: moto's and Ceph RGW's by default, side by side; any loopback endpoint can be added with
-:func:`add_server`), in one run:
+parsing their answers costs. For each server in :data:`SERVERS` (moto's and Ceph RGW's, side by side; any
+loopback endpoint can be added with :func:`add_server`), in one run:
 
 * ``S3 resolve vs bare requests``: ``S3Store.resolve()`` over 1k, 10k and 100k entries, interleaved round by
   round with the *bare requests*: the same signed ``ListObjectsV2`` pages through a client built the same
@@ -18,7 +17,9 @@ parameter: moto's and Ceph RGW's by default, side by side; any loopback endpoint
   then ``PutObject`` with ``If-None-Match: *``), interleaved with one bare ``PutObject`` of a new key with
   ``If-None-Match: *``, and with the publish's own two requests sent bare; medians. Target: at most 1.1x
   the one PUT, which two round trips one after the other cannot meet (the row says so); the second
-  baseline shows what ``ckpt`` adds to its requests.
+  baseline shows what ``ckpt`` adds to its requests. The publish row runs once more on a gateway whose
+  beast frontend keeps its default, Nagle's algorithm on (``PUBLISH_ONLY``): what a site that leaves out
+  ``tcp_nodelay=1`` pays on every small request (docs/s3-servers.md).
 
 ``--only s3-floor`` (``--sizes`` picks the listing sizes). Entries are put straight into moto's backend
 before it serves (``moto_seeded``); RGW is the test tier's one-node cluster, filled by parallel anonymous
@@ -75,8 +76,16 @@ def _rgw(scratch: Path, seed: Seed) -> Iterator[Served]:
         yield Served("Ceph RGW 16.2", endpoint, environ)
 
 
+@contextlib.contextmanager
+def _rgw_nagle(scratch: Path, seed: Seed) -> Iterator[Served]:
+    with rgw_server(scratch, seed, tcp_nodelay=False) as (endpoint, environ):
+        yield Served("Ceph RGW 16.2, beast without tcp_nodelay", endpoint, environ)
+
+
 #: The servers every run measures, side by side, in this order.
-SERVERS: dict[str, ServerFactory] = {"moto": _moto, "rgw": _rgw}
+SERVERS: dict[str, ServerFactory] = {"moto": _moto, "rgw": _rgw, "rgw-nagle": _rgw_nagle}
+#: Servers measured for their publish row only: a server setting that small requests show, not listings.
+PUBLISH_ONLY = {"rgw-nagle"}
 
 
 def add_server(name: str, factory: ServerFactory) -> None:
@@ -93,9 +102,9 @@ def _sizes(ctx: Context) -> tuple[int, ...]:
     return tuple(size for size in ctx.sizes if size <= (10_000 if ctx.quick else 100_000)) or (1_000,)
 
 
-def _seed(ctx: Context) -> dict[str, dict[str, bytes]]:
+def _seed(ctx: Context, sizes: tuple[int, ...]) -> dict[str, dict[str, bytes]]:
     seed: dict[str, dict[str, bytes]] = {}
-    for size in _sizes(ctx):
+    for size in sizes:
         objects = {f"pub/{format_entry_name(entry_at(i))}": b"" for i in range(size)}
         objects[f"{SAVE}/model.safetensors"] = b"weights"
         seed[_bucket(size)] = objects
@@ -255,11 +264,12 @@ def bench_s3_floor(ctx: Context) -> list[Row]:
     resolves: list[tuple[int, int, Row]] = []  # (size, server, row): the servers side by side at each size
     entries: list[tuple[int, int, Row]] = []
     publishes: list[Row] = []
-    for order, factory in enumerate(SERVERS.values()):
-        with factory(ctx.scratch, _seed(ctx)) as served:
-            for size in _sizes(ctx):
+    for order, (name, factory) in enumerate(SERVERS.items()):
+        sizes = (min(_sizes(ctx)),) if name in PUBLISH_ONLY else _sizes(ctx)
+        with factory(ctx.scratch, _seed(ctx, sizes)) as served:
+            for size in () if name in PUBLISH_ONLY else sizes:
                 for row in _resolve_rows(ctx, served, size):
                     found = resolves if row.benchmark.startswith("S3 resolve") else entries
                     found.append((size, order, row))
-            publishes.append(_publish_row(ctx, served, min(_sizes(ctx))))
+            publishes.append(_publish_row(ctx, served, min(sizes)))
     return [row for _, _, row in sorted(resolves)] + [row for _, _, row in sorted(entries)] + publishes

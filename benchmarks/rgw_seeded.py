@@ -61,15 +61,20 @@ def _fill(endpoint: str, environ: Mapping[str, str], seed: Seed) -> None:
 
 
 @contextlib.contextmanager
-def rgw_server(scratch: Path, seed: Seed) -> Iterator[tuple[str, dict[str, str]]]:
-    """Start a one-node Ceph cluster in ``scratch`` holding ``seed``; yield its endpoint and signing keys."""
+def rgw_server(
+    scratch: Path, seed: Seed, *, tcp_nodelay: bool = True
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """Start a one-node Ceph cluster in ``scratch`` holding ``seed``; yield its endpoint and signing keys.
+
+    ``tcp_nodelay=False`` starts the gateway's frontend with its default, Nagle's algorithm on.
+    """
     tests = str(REPO / "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
     from support.rgw import serve_rgw
 
     started = time.perf_counter()
-    with serve_rgw(scratch / "rgw") as server:
+    with serve_rgw(scratch / ("rgw" if tcp_nodelay else "rgw-nagle"), tcp_nodelay=tcp_nodelay) as server:
         environ = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
         up = time.perf_counter()
         _fill(server.endpoint, environ, seed)
