@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from moto_seeded import HOST, Seed, store_client
@@ -60,6 +61,26 @@ def _fill(endpoint: str, environ: Mapping[str, str], seed: Seed) -> None:
             client.put_bucket_acl(Bucket=bucket, ACL="private")
 
 
+def _support() -> Any:
+    tests = str(REPO / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import support.rgw
+
+    return support.rgw
+
+
+def missing_binaries() -> list[str]:
+    """The Ceph binaries this machine lacks (``.ci/run`` installs them); empty when RGW can start."""
+    missing: list[str] = _support().missing_binaries()
+    return missing
+
+
+def gateway(folder: Path) -> contextlib.AbstractContextManager[Any]:
+    """The tests' cluster in ``folder``, empty: yields its ``RgwServer`` (endpoint, keys, ``admin``)."""
+    return _support().serve_rgw(folder)  # type: ignore[no-any-return]
+
+
 @contextlib.contextmanager
 def rgw_server(
     scratch: Path, seed: Seed, *, tcp_nodelay: bool = True
@@ -68,11 +89,7 @@ def rgw_server(
 
     ``tcp_nodelay=False`` starts the gateway's frontend with its default, Nagle's algorithm on.
     """
-    tests = str(REPO / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    from support.rgw import serve_rgw
-
+    serve_rgw = _support().serve_rgw
     started = time.perf_counter()
     with serve_rgw(scratch / ("rgw" if tcp_nodelay else "rgw-nagle"), tcp_nodelay=tcp_nodelay) as server:
         environ = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
