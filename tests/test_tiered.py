@@ -474,6 +474,34 @@ class TestDurablePrune:
         assert entries(str(durable)) == [f"5 200 {durable}/exec/a/checkpoint-200"]
         assert not (durable / "exec" / "a" / "checkpoint-100").exists()
 
+    def test_a_killed_copys_temporary_file_stays_out_of_the_save_until_its_prune(
+        self, roots: tuple[Path, Path]
+    ) -> None:
+        """tiered.md §4.2: the temporary file a replicator killed mid-copy left on a POSIX durable root is no
+        part of the save (not listed, not in the manifest, not replaced: the next copy takes a new name), and
+        goes with its save when a durable prune removes it."""
+        fast, durable = roots
+        left = {}
+        for step in (100, 200):
+            save = durable / "exec" / "a" / f"checkpoint-{step}"
+            save.mkdir(parents=True)
+            left[step] = save / ".model.safetensors.ckpt-tmp-0123456789abcdef"
+            left[step].write_bytes(b"the first bytes of a killed copy")
+        result = run("--root", str(fast), "replicate", "--to", str(durable), "--once", "--framework", "hf")
+        assert result.returncode == 0, result.stderr
+        for step in (100, 200):
+            save = durable / "exec" / "a" / f"checkpoint-{step}"
+            manifest = json.loads((save / MANIFEST_NAME).read_text())
+            copied = files_of(fast / "exec" / "a" / f"checkpoint-{step}")
+            assert sorted(f["path"] for f in manifest["files"]) == sorted(copied)
+            assert files_of(save) == {**copied, left[step].name: b"the first bytes of a killed copy"}
+        verified = resolve_verify(str(durable), "--verify", "--digests")
+        newest = durable / "exec" / "a" / "checkpoint-200"
+        assert (verified.returncode, verified.stdout) == (0, f"{newest}\n"), verified.stderr
+        assert run("--root", str(durable), "prune", "--keep", "1").returncode == 0
+        assert not left[100].parent.exists()
+        assert left[200].exists()
+
 
 class TestFastPrune:
     @pytest.fixture

@@ -6,7 +6,7 @@ Rules (docs/spec/tiered.md §4.2-§4.3):
    download first writes ``.<name>.ckpt-tmp-<16 hex>.<8 hex>``, boto3's own, and renames it), fsynced,
    read back and hashed, and only when that SHA-256 is the expected one renamed into place, its folder then
    fsynced; folders created on the way are fsynced in their parents. A temporary file that does not verify
-   is removed.
+   is removed; one a killed process left stays (a durable root's goes with its save's prune, §4.2).
 2. Listings are of regular files (``lstat``: no link is followed), sorted by path; temporary files are no
    part of a save and are left out. A missing save lists as ``None`` (fast) or nothing (durable).
 3. The SHA-256 a POSIX durable root records for a file is the one read back from it.
