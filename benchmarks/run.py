@@ -241,8 +241,8 @@ def bench_resolve_entries(ctx: Context) -> list[Row]:
                 ms(r),
                 f"{ms(b)} (scandir + max)",
                 ratio(r, b),
-                "<= 2.5x at 100k" if shown else "-",
-                r <= 2.5 * b if shown and size >= 100_000 else None,
+                "<= 1.5x at 100k" if shown else "-",
+                r <= 1.5 * b if shown and size >= 100_000 else None,
                 _target_note(size) if shown else "",
             )
         )
