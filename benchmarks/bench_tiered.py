@@ -5,15 +5,17 @@ save costs the training thread with the in-process replicator.
     .venv/bin/python benchmarks/run.py --only tiered            # moto: 64 MiB in 16 and 2 files;
                                                                 # RGW: 1 GiB in 64 and 8 files
     .venv/bin/python benchmarks/run.py --only tiered --quick    # moto 16 MiB, RGW 256 MiB
+    .venv/bin/python benchmarks/run.py --only tiered --large    # and RGW 8 GiB in 8 files (~10 min more,
+                                                                # 10 GiB of RAM, 16 GiB of disk)
 
 moto's server (a subprocess on 127.0.0.1) keeps every object in its memory and spends milliseconds of
 Python on each request, so its sets are small. Ceph RGW (the tests' one-node cluster, ``tests/support/
 rgw.py``; skipped with a row saying so where its binaries are missing) carries the issue's 1 GiB set; its
 OSD keeps objects in 4 GiB of RAM, so each copy is deleted (and RGW's garbage collector run) once it has
-been read back, before the next goes up. The issue's 8 GiB set fits neither. boto3's ``upload_file`` loop
-is the transfer machinery both awscli and ``ckpt`` use. ``aws s3 cp --recursive`` is compared when
-awscli is there (``CKPT_BENCH_AWS``, the path of its ``aws``, else ``aws`` on the ``PATH``); it pins its
-own botocore, so it lives in a venv of its own:
+been read back, before the next goes up; the issue's 8 GiB set runs with ``--large``, on a cluster whose
+OSD may hold 10 GiB. boto3's ``upload_file`` loop is the transfer machinery both awscli and ``ckpt`` use.
+``aws s3 cp --recursive`` is compared when awscli is there (``CKPT_BENCH_AWS``, the path of its ``aws``,
+else ``aws`` on the ``PATH``); it pins its own botocore, so it lives in a venv of its own:
 
     python3 -m venv .venv-aws && .venv-aws/bin/pip install awscli
     CKPT_BENCH_AWS=.venv-aws/bin/aws .venv/bin/python benchmarks/run.py --only tiered
@@ -51,6 +53,8 @@ _MiB = 1 << 20
 CONCURRENCY = 8
 ROUNDS = 5
 RGW_ROUNDS = 3  # a round moves 1 GiB eight times
+LARGE = 8 << 30  # --large: the issue's 8 GiB in 8 files, on RGW only (moto would hold it in its memory)
+LARGE_ROUNDS = 2  # a round moves 8 GiB eight times: about 5 minutes here
 
 
 def _fast_root(scratch: Path, name: str, files: int, total: int) -> PosixStore:
@@ -371,15 +375,20 @@ def bench_tiered(ctx: Context) -> list[Row]:
     if missing:
         rows.append(Row("tiered (Ceph RGW 16.2)", "-", "not run", note=f"missing: {', '.join(missing)}"))
     else:
-        large = (256 * _MiB) if ctx.quick else (1 << 30)
-        with gateway(ctx.scratch / "tiered-rgw") as server:
+        sets = [(16, 256 * _MiB), (4, 256 * _MiB)] if ctx.quick else [(64, 1 << 30), (8, 1 << 30)]
+        memstore = None
+        if ctx.large:
+            sets.append((8, LARGE))
+            memstore = LARGE + (2 << 30)  # one copy at a time, and what the GC has not freed yet
+        with gateway(ctx.scratch / "tiered-rgw", memstore_bytes=memstore) as server:
             environ = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
-            rgw = _Server(
-                "Ceph RGW 16.2", server.endpoint, environ,
-                collect=lambda: server.admin("gc", "process", "--include-all"), rounds=RGW_ROUNDS,
-            )  # fmt: skip
-            for files in ((16, 4) if ctx.quick else (64, 8)):
-                rows += _transfer_rows(ctx, rgw, files, large)
+            for files, total in sets:
+                rgw = _Server(
+                    "Ceph RGW 16.2", server.endpoint, environ,
+                    collect=lambda: server.admin("gc", "process", "--include-all"),
+                    rounds=RGW_ROUNDS if total < LARGE else LARGE_ROUNDS,
+                )  # fmt: skip
+                rows += _transfer_rows(ctx, rgw, files, total)
     rows.append(_verification_row(ctx, small))
     rows.append(_hook_row(ctx))
     return rows

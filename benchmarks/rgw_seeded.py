@@ -76,9 +76,14 @@ def missing_binaries() -> list[str]:
     return missing
 
 
-def gateway(folder: Path) -> contextlib.AbstractContextManager[Any]:
-    """The tests' cluster in ``folder``, empty: yields its ``RgwServer`` (endpoint, keys, ``admin``)."""
-    return _support().serve_rgw(folder)  # type: ignore[no-any-return]
+def gateway(folder: Path, *, memstore_bytes: int | None = None) -> contextlib.AbstractContextManager[Any]:
+    """The tests' cluster in ``folder``, empty: yields its ``RgwServer`` (endpoint, keys, ``admin``).
+
+    ``memstore_bytes``: the RAM its OSD may fill (the tests' 4 GiB when ``None``).
+    """
+    support = _support()
+    size = support.MEMSTORE_BYTES if memstore_bytes is None else memstore_bytes
+    return support.serve_rgw(folder, memstore_bytes=size)  # type: ignore[no-any-return]
 
 
 @contextlib.contextmanager

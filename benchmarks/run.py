@@ -99,6 +99,7 @@ class Context:
     sizes: tuple[int, ...]
     scratch: Path
     clock: str = "wall"  # or "cpu" (this process's CPU time, or its children's): steadier on a busy machine
+    large: bool = False  # --large: the sets that take many minutes and gigabytes (the tiered 8 GiB)
     python: str = sys.executable
     roots: dict[int, Path] = field(default_factory=dict)
     charts: dict[str, Chart] = field(default_factory=dict)
@@ -615,6 +616,11 @@ def report(header: Sequence[str], rows: Sequence[Row], charts: dict[str, Chart],
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1k and 10k entries, fewer repetitions")
+    parser.add_argument(
+        "--large",
+        action="store_true",
+        help="also the sets that take many minutes and gigabytes (tiered: 8 GiB in 8 files on Ceph RGW)",
+    )
     parser.add_argument("--out", metavar="FILE", help="also write the table as Markdown to FILE")
     parser.add_argument(
         "--report",
@@ -644,14 +650,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     started, load_before = time.perf_counter(), load_average()
     with scratch_folder() as scratch:
-        ctx = Context(quick=args.quick, sizes=sizes, scratch=scratch, clock=args.clock)
+        ctx = Context(quick=args.quick, sizes=sizes, scratch=scratch, clock=args.clock, large=args.large)
         for name in selected:
             rows.extend(run_benchmark(name, ctx))
         info = machine_info(scratch, load_before)
     header = [
         *info,
         (
-            f"- run: {'--quick' if args.quick else 'full'}, sizes {', '.join(map(str, sizes))}, "
+            f"- run: {'--quick' if args.quick else 'full'}{', --large' if args.large else ''}, "
+            f"sizes {', '.join(map(str, sizes))}, "
             f"{time.perf_counter() - started:.0f} s; {args.clock} clock; in-process rows: best of "
             "interleaved rounds, warm cache; process rows: median of interleaved runs"
         ),

@@ -57,6 +57,7 @@ _KMS_KEY = "Y2twdC10ZXN0LWttcy1rZXktMzItYnl0ZXMtbG9uZyE="
 STORAGE_CLASS = "COLD"
 HOST_NAMES = ("localhost", "unresolvable-s3", "s3-only-via-proxy", "s3.unresolvable.test", "s3.internal.test")
 _START_SECONDS = 90.0
+MEMSTORE_BYTES = 4 << 30  # the OSD's RAM for objects: the tests hold far less
 _COMMAND_SECONDS = 60.0  # radosgw-admin hangs, rather than fails, on a cluster whose PGs never go active
 
 _CONF = """\
@@ -95,7 +96,7 @@ mon data = {d}/mon/$cluster-$id
 osd data = {d}/osd/$cluster-$id
 keyring = $osd_data/keyring
 osd objectstore = memstore
-memstore device bytes = 4294967296
+memstore device bytes = {memstore_bytes}
 
 [client.rgw.a]
 # tcp_nodelay=1: without it the answer to a small request waits for the client's delayed ACK (Nagle's
@@ -201,11 +202,18 @@ def _stop(daemons: list[subprocess.Popen[bytes]]) -> None:
         process.wait(timeout=30)
 
 
-def start(folder: Path, daemons: list[subprocess.Popen[bytes]], *, tcp_nodelay: bool = True) -> RgwServer:
+def start(
+    folder: Path,
+    daemons: list[subprocess.Popen[bytes]],
+    *,
+    tcp_nodelay: bool = True,
+    memstore_bytes: int = MEMSTORE_BYTES,
+) -> RgwServer:
     """Create and start the cluster in the empty ``folder``; return the gateway, answering requests.
 
     Each daemon started is appended to ``daemons``. :class:`RgwStartError` quotes the logs on failure.
-    ``tcp_nodelay=False`` leaves the frontend's default (Nagle on), for the benchmark that shows its cost.
+    ``tcp_nodelay=False`` leaves the frontend's default (Nagle on), for the benchmark that shows its cost;
+    ``memstore_bytes`` is the RAM the OSD may fill with objects (a benchmark's 8 GiB set needs more).
     """
     missing = missing_binaries()
     if missing:
@@ -221,6 +229,7 @@ def start(folder: Path, daemons: list[subprocess.Popen[bytes]], *, tcp_nodelay: 
             mon_port=mon_port,
             rgw_port=rgw_port,
             frontend_options=" tcp_nodelay=1" if tcp_nodelay else "",
+            memstore_bytes=memstore_bytes,
             d=folder,
             kms_key_id=KMS_KEY_ID,
             kms_key=_KMS_KEY,
@@ -275,10 +284,12 @@ def start(folder: Path, daemons: list[subprocess.Popen[bytes]], *, tcp_nodelay: 
 
 
 @contextlib.contextmanager
-def serve_rgw(folder: Path, *, tcp_nodelay: bool = True) -> Iterator[RgwServer]:
+def serve_rgw(
+    folder: Path, *, tcp_nodelay: bool = True, memstore_bytes: int = MEMSTORE_BYTES
+) -> Iterator[RgwServer]:
     """Run a cluster in ``folder`` (created empty) until the ``with`` ends; yield its gateway."""
     daemons: list[subprocess.Popen[bytes]] = []
     try:
-        yield start(folder, daemons, tcp_nodelay=tcp_nodelay)
+        yield start(folder, daemons, tcp_nodelay=tcp_nodelay, memstore_bytes=memstore_bytes)
     finally:
         _stop(daemons)
