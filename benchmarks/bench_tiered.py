@@ -50,6 +50,7 @@ from rgw_seeded import gateway, missing_binaries
 from run import Context, Row, benchmark, best_of, ms
 
 _MiB = 1 << 20
+_CHUNK = 8 * _MiB
 CONCURRENCY = 8
 ROUNDS = 5
 RGW_ROUNDS = 3  # a round moves 1 GiB eight times
@@ -186,9 +187,16 @@ def _empty(client: Any, bucket: str, server: _Server) -> None:
     server.collect()
 
 
-def _settle() -> None:
-    """Write back what the previous copy left dirty in the page cache, so that no copy pays for another's."""
+def _settle(warm: Path | None = None) -> None:
+    """Write back what the previous copy left dirty in the page cache, so that no copy pays for another's;
+    then read ``warm``'s files once, so that every upload reads them from memory: at 8 GiB the downloads
+    before it would otherwise have pushed some out, and one upload would read the disk, another not."""
     os.sync()
+    for path in sorted(warm.rglob("*")) if warm is not None else ():
+        if path.is_file():
+            with open(path, "rb") as f:
+                while f.read(_CHUNK):
+                    pass
 
 
 def _transfer_rows(ctx: Context, server: _Server, files: int, total: int) -> list[Row]:
@@ -210,7 +218,7 @@ def _transfer_rows(ctx: Context, server: _Server, files: int, total: int) -> lis
         durable = S3Store(f"s3://{bucket}", client)
         tiers = open_tiers(fast, durable)
         with tempfile.TemporaryDirectory(dir=ctx.scratch) as where:
-            _settle()
+            _settle(save)
             started = time.perf_counter()
             outcome = replicate(
                 tiers.fast, tiers.fast_files, tiers.durable, tiers.durable_files, files_in_flight=CONCURRENCY
@@ -231,7 +239,7 @@ def _transfer_rows(ctx: Context, server: _Server, files: int, total: int) -> lis
             _empty(client, bucket, server)
             shutil.rmtree(target.root)
 
-            _settle()
+            _settle(save)
             started = time.perf_counter()
             _bare_uploads(client, bucket, save, "bare")
             bare_up.append(time.perf_counter() - started)
@@ -247,14 +255,14 @@ def _transfer_rows(ctx: Context, server: _Server, files: int, total: int) -> lis
             shutil.rmtree(Path(where) / "bare")
             shutil.rmtree(Path(where) / "verifying")
 
-            _settle()
+            _settle(save)
             started = time.perf_counter()
             _verifying_uploads(client, bucket, save, "verifying")
             verifying_up.append(time.perf_counter() - started)
             _empty(client, bucket, server)
 
             if aws is not None:
-                _settle()
+                _settle(save)
                 aws_up.append(_aws_cp(aws, server.endpoint, aws_env, str(save), f"s3://{bucket}/aws"))
                 target_folder = os.path.join(where, "aws")
                 _settle()
