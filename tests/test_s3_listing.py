@@ -212,6 +212,12 @@ class TestGivingUp:
             ("a key holding xmlns", listing_body(["pub/xmlns"])),
             ("a size that is no integer", listing_body(["k"], sizes=["many"])),
             ("a KeyCount that is no integer", listing_body(["k"]).replace(b"<KeyCount>1<", b"<KeyCount>x<")),
+            (
+                "a field holding an element",
+                listing_body(["k"], truncated="true", token="t").replace(
+                    b"<IsTruncated>true<", b"<IsTruncated>true<b/><"
+                ),
+            ),
         ],
     )
     def test_gives_up(self, why: str, body: bytes) -> None:

@@ -228,9 +228,9 @@ def _one_namespace(body: bytes, namespace: str) -> bool:
 def _decoded(names: list[str]) -> list[str]:
     """``unquote_plus`` of each name holding ``%`` or ``+`` (rule 4), in one call over the names joined by
     newlines when none holds one before or after: an escape cannot span a newline, so that is the same."""
-    if not any("%" in name or "+" in name for name in names):
-        return names
     joined = "\n".join(names)
+    if "%" not in joined and "+" not in joined:
+        return names
     if joined.count("\n") == len(names) - 1:
         decoded = unquote_plus(joined).split("\n")
         if len(decoded) == len(names):
@@ -243,19 +243,12 @@ def _page_of_root(
 ) -> ListingPage | None:
     """The page, from the root's own children and the objects read on the way; ``None`` when unsure."""
     fields: dict[str, str] = {}
-    counts = {namespace + "Contents": 0, namespace + "CommonPrefixes": 0}
-    wanted = {namespace + name: name for name in _FIELDS}
-    for child in root:
-        tag = child.tag
-        if tag in counts:
-            counts[tag] += 1
-        elif tag in wanted:
-            name = wanted[tag]
-            if name in fields or len(child):
-                return None
-            fields[name] = child.text or ""
-    if (counts[namespace + "Contents"], counts[namespace + "CommonPrefixes"]) != (len(keys), len(prefixes)):
-        return None  # one of them was not directly under the root
+    for name in _FIELDS:
+        found = root.findall(namespace + name)  # the root's own children, in a C loop
+        if len(found) > 1 or (found and len(found[0])):
+            return None  # repeated, or not a plain value
+        if found:
+            fields[name] = found[0].text or ""
     try:
         count = int(fields["KeyCount"]) if "KeyCount" in fields else None
     except ValueError:
