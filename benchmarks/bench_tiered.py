@@ -200,7 +200,8 @@ def _settle(warm: Path | None = None) -> None:
 
 
 def _transfer_rows(ctx: Context, server: _Server, files: int, total: int) -> list[Row]:
-    """One round: each copy goes up, is read back, and is deleted before the next goes up."""
+    """The rows of one set of files on one server. In each round every copy goes up, is read back, and is
+    deleted before the next one goes up."""
     client = store_client(server.endpoint, server.environ)
     amount = f"{total // _MiB} MiB" if total < 1 << 30 else f"{total >> 30} GiB"
     label = f"{amount} in {files} files"
