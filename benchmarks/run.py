@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/run.py --quick        # 1k and 10k entries, fewer repetitions
     .venv/bin/python benchmarks/run.py --out FILE.md  # also write the table as Markdown
     .venv/bin/python benchmarks/run.py --report       # benchmarks/out/report.md, with plots (matplotlib)
+    .venv/bin/python benchmarks/run.py --large        # also the sets that take many minutes and GiB
 
 Every timed thing runs beside its baseline in the same run, interleaved round by round, so that a busy
 machine slows both alike; the table reports the best round (in-process timings) or the median (whole
