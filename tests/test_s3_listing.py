@@ -171,6 +171,40 @@ class TestShapes:
         keys = [f"pub/{n:020d}-{n:020d}-MV4GKYZPMEXWG2ZNGE" for n in range(PAGE_SIZE)]
         assert assert_as_botocore(listing_body(keys, truncated="true", token="t")).keys == keys
 
+    @pytest.mark.parametrize(
+        "keys",
+        [
+            ["pub%2Fa", "pub%2Fb%2Fc"],  # the one escape of entry keys, decoded by replacing it
+            ["pub%2Fa", "pub%2fb"],  # a lowercase escape beside it
+            ["pub%2Fa%20b", "pub%2Fc"],  # another escape in the same name
+            ["pub%%2Fa"],  # a bare percent sign before it
+            ["pub%2F2F", "%2F%2F"],  # what follows a replaced escape is not read again
+            ["pub%2Fa+b"],  # a plus, a space for unquote_plus
+        ],
+    )
+    def test_url_encoded_keys_with_and_beside_the_slash_escape(self, keys: list[str]) -> None:
+        """Keys whose only escape is %2F take a shorter path than the others: both decode as botocore."""
+        assert_as_botocore(listing_body(keys, prefixes=keys, encoding="url"))
+
+    @pytest.mark.parametrize(
+        ("body", "why"),
+        [
+            (listing_body(["pub/page.xml"]), "a key holding the text xml"),
+            (listing_body(["k"], namespace="urn:xml:s3"), "a namespace holding the text xml"),
+            (listing_body(["k"], declaration='<?xml version="1.0"?><!-- a note -->'), "a comment first"),
+            (listing_body(["k"], declaration='<?xml version="1.0"?>\n'), "a newline first"),
+            (listing_body(["k"], declaration="<?ckpt note?>"), "another processing instruction"),
+        ],
+    )
+    def test_pages_beyond_the_usual_prolog_are_read_too(self, body: bytes, why: str) -> None:
+        """A page whose prolog or text makes the one-scan namespace check unsure is proven by the three
+        scans instead, and read."""
+        assert parse_listing_page(body) is not None, why
+        assert_as_botocore(body)
+
+
+_DTD = "<!DOCTYPE ListBucketResult []>"
+
 
 class TestGivingUp:
     """Bodies the parser is not sure to read as botocore does: ``None``, and botocore parses them."""
@@ -209,6 +243,12 @@ class TestGivingUp:
                 listing_body(["k"], namespace=None, extra='<x:Key xmlns:x="u">a</x:Key>'),
             ),
             ("a DTD", listing_body(["k"], declaration='<?xml version="1.0"?><!DOCTYPE ListBucketResult []>')),
+            (
+                "a DTD after a comment naming the root",
+                listing_body(["k"], declaration=f'<?xml version="1.0"?><!-- <ListBucketResult -->{_DTD}'),
+            ),
+            ("a DTD without a declaration", listing_body(["k"], declaration=_DTD)),
+            ("an xml: prefix", listing_body(["k"], extra="<xml:Contents><Key>x</Key></xml:Contents>")),
             ("a key holding xmlns", listing_body(["pub/xmlns"])),
             ("a size that is no integer", listing_body(["k"], sizes=["many"])),
             ("a KeyCount that is no integer", listing_body(["k"]).replace(b"<KeyCount>1<", b"<KeyCount>x<")),

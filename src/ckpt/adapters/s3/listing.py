@@ -219,7 +219,19 @@ def parse_listing_page(body: bytes) -> ListingPage | None:
 def _one_namespace(body: bytes, namespace: str) -> bool:
     """True when every element is in the root's namespace (botocore ignores namespaces; this parser
     matches whole tags): the root's ``xmlns`` is the only declaration, so no other namespace or prefix can
-    be bound, and there is no DTD (whose entities could declare one unseen)."""
+    be bound, and there is no DTD (whose entities could declare one unseen).
+
+    The usual page is read in one scan: when nothing but the XML declaration comes before the first
+    ``<ListBucketResult``, that is the root's start tag and no DTD can precede it; then, when the text
+    ``xml`` occurs only in the declaration and the root's ``xmlns``, there is no other declaration and no
+    ``xml:`` prefix. Any other page takes the three scans that prove the same for every document.
+    """
+    at = body.find(b"<ListBucketResult")
+    head = body[:at]  # all that precedes the first such tag: the declaration, or nothing, on a usual page
+    declared = at > 0 and head.startswith(b"<?xml") and head.endswith(b"?>") and head.count(b"<") == 1
+    usual = at == 0 or declared
+    if usual and body.count(b"xml") == (at > 0) + (1 if namespace else 0):
+        return True
     if b"<!DOCTYPE" in body or b"<xml:" in body:
         return False
     return body.count(b"xmlns") == (1 if namespace else 0)
@@ -227,10 +239,16 @@ def _one_namespace(body: bytes, namespace: str) -> bool:
 
 def _decoded(names: list[str]) -> list[str]:
     """``unquote_plus`` of each name holding ``%`` or ``+`` (rule 4), in one call over the names joined by
-    newlines when none holds one before or after: an escape cannot span a newline, so that is the same."""
+    newlines when none holds one before or after: an escape cannot span a newline, so that is the same.
+    Names whose only escape is ``%2F`` (every entry's ``pub%2F``) are decoded by replacing it."""
     joined = "\n".join(names)
-    if "%" not in joined and "+" not in joined:
-        return names
+    if "+" not in joined:
+        if "%" not in joined:
+            return names
+        slashes = joined.replace("%2F", "/")  # the one escape of entry keys (pub%2F...): a single C pass
+        decoded = slashes.split("\n")
+        if "%" not in slashes and len(decoded) == len(names):  # every escape was %2F: unquote_plus gives "/"
+            return decoded
     if joined.count("\n") == len(names) - 1:
         decoded = unquote_plus(joined).split("\n")
         if len(decoded) == len(names):
