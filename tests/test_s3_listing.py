@@ -236,6 +236,21 @@ class TestGivingUp:
                 listing_body(["k"], extra="<Owner><Contents><Key>x</Key></Contents></Owner>"),
             ),
             ("a CommonPrefixes without a Prefix", listing_body(["k"], extra="<CommonPrefixes/>")),
+            (
+                "a Contents with two Sizes",
+                listing_body(["k"], extra="<Contents><Key>a</Key><Size>1</Size><Size>2</Size></Contents>"),
+            ),
+            (
+                "a CommonPrefixes with two Prefixes",
+                listing_body(
+                    ["k"], extra="<CommonPrefixes><Prefix>a</Prefix><Prefix>b</Prefix></CommonPrefixes>"
+                ),
+            ),
+            ("a Key beside the Contents", listing_body(["k"], extra="<Key>stray</Key>")),
+            (
+                "a Key deeper in a Contents",
+                listing_body(["k"], extra="<Contents><Key>a</Key><Owner><Key>b</Key></Owner></Contents>"),
+            ),
             ("a foreign namespace", listing_body(["k"], extra='<Key xmlns="urn:other">x</Key>')),
             ("a prefix bound on the root", listing_body(["k"], namespace=NAMESPACE + '" xmlns:x="urn:x')),
             (

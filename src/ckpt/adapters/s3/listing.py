@@ -197,23 +197,36 @@ def parse_listing_page(body: bytes) -> ListingPage | None:
     contents_tag, common_tag = namespace + "Contents", namespace + "CommonPrefixes"
     contents = root.findall(contents_tag)  # the root's own children (C loops, as are iter and the maps)
     commons = root.findall(common_tag)
-    everywhere = (len(list(root.iter(contents_tag))), len(list(root.iter(common_tag))))
-    if everywhere != (len(contents), len(commons)):
+    if (_count(root, contents_tag), _count(root, common_tag)) != (len(contents), len(commons)):
         return None  # one of them was not directly under the root
-    found_keys = list(map(methodcaller("findall", namespace + "Key"), contents))
-    found_sizes = list(map(methodcaller("findall", namespace + "Size"), contents))
-    found_prefixes = list(map(methodcaller("findall", namespace + "Prefix"), commons))
-    if set(map(len, found_keys)) - {1} or set(map(len, found_prefixes)) - {1}:
-        return None  # a Contents without exactly one Key, a CommonPrefixes without exactly one Prefix
-    if set(map(len, found_sizes)) - {0, 1}:
-        return None
-    keys = [found[0].text or "" for found in found_keys]
-    prefixes = [found[0].text or "" for found in found_prefixes]
+    key_tag, size_tag, prefix_tag = namespace + "Key", namespace + "Size", namespace + "Prefix"
+    # Each one's first such child (find returns elements, where findall made a list per object: a page's
+    # allocations are what the garbage collector pays for); the counts over the whole tree then prove that
+    # none has a second and that there is none anywhere else (but the root's own Prefix).
+    found_keys = list(map(methodcaller("find", key_tag), contents))
+    found_sizes = list(map(methodcaller("find", size_tag), contents))
+    found_prefixes = list(map(methodcaller("find", prefix_tag), commons))
+    if None in found_keys or None in found_prefixes:
+        return None  # a Contents without a Key, a CommonPrefixes without a Prefix
+    expected = (
+        len(contents),
+        len(commons) + len(root.findall(prefix_tag)),
+        len(contents) - found_sizes.count(None),
+    )
+    if (_count(root, key_tag), _count(root, prefix_tag), _count(root, size_tag)) != expected:
+        return None  # a second Key, Prefix or Size in one of them, or one elsewhere
+    keys = [found.text or "" for found in found_keys]
+    prefixes = [found.text or "" for found in found_prefixes]
     try:
-        sizes = [int(found[0].text or "") if found else 0 for found in found_sizes]
+        sizes = [0 if found is None else int(found.text or "") for found in found_sizes]
     except ValueError:
         return None
     return _page_of_root(root, namespace, keys, sizes, prefixes)
+
+
+def _count(root: ElementTree.Element, tag: str) -> int:
+    """How many ``tag`` elements the tree holds, at any depth (a C loop)."""
+    return len(list(root.iter(tag)))
 
 
 def _one_namespace(body: bytes, namespace: str) -> bool:
