@@ -25,12 +25,16 @@ loopback endpoint can be added with :func:`add_server`), in one run:
 before it serves (``moto_seeded``); RGW is the test tier's one-node cluster, filled by parallel anonymous
 PUTs before anything is measured (``rgw_seeded``). At 100k a listing costs moto about a minute, so its
 100k rows run one round, warmed by a one-key listing instead of a whole one; a server that lists 100k keys
-in seconds (RGW) runs three, as one round there showed a few percent of the gateway's own jitter.
+in seconds (RGW) runs three, as one round there showed a few percent of the gateway's own jitter. Each
+timed listing starts from a heap just collected (``gc.collect()``): the cyclic garbage collector's passes
+over the process's objects, which a page's tree sets off, cost as much as the tree itself, and without a
+common starting point whichever call happened to run a full collection looked slower.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import statistics
 import time
@@ -142,8 +146,9 @@ class BareRequests:
 
 
 def _timed(fn: Callable[[], object], counter: RequestCounter) -> tuple[float, float, Counter[str], object]:
-    """Wall time, this process's CPU time, the requests and the answer of one call."""
+    """Wall time, this process's CPU time, the requests and the answer of one call (from a collected heap)."""
     with counter.window() as sent:
+        gc.collect()
         wall, cpu = time.perf_counter(), time.process_time()
         answer = fn()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -173,6 +178,7 @@ def _resolve_rows(ctx: Context, served: Served, size: int) -> list[Row]:
     resolved: list[tuple[float, float, Counter[str], object]] = []
     listed: list[tuple[float, float, Counter[str], object]] = []
     for _ in range(_rounds(ctx, size, served)):
+        gc.collect()
         wall, cpu = time.perf_counter(), time.process_time()
         server_pages.add(bare.list(_bucket(size)))
         floor.append((time.perf_counter() - wall, time.process_time() - cpu))
