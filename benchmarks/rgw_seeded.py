@@ -83,9 +83,10 @@ def quiesce(folder: Path, *, idle_share: float = 0.1, longest: float = 120.0) ->
     """Wait until the cluster in ``folder`` uses under ``idle_share`` of a CPU over a second (or ``longest``
     seconds have passed); return the seconds waited.
 
-    After a fill the gateway and the OSD go on working for a while (index updates, the memstore's own
-    bookkeeping), and what they take of a 2-core machine slows the client's requests and parsing: rows
-    measured then showed that, not the code.
+    A guard, not a proven cause: a daemon still at work after the fill would take from a 2-core machine
+    what the client's requests and parsing need. In the runs of 2026-12-07 it found the cluster idle
+    within a second every time; the rows' swings of that day were the client's garbage collector
+    (``bench_s3_floor`` collects before each timed call).
     """
     started = time.perf_counter()
     hertz = os.sysconf("SC_CLK_TCK")
