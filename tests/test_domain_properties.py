@@ -22,6 +22,7 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
@@ -48,6 +49,7 @@ from ckpt.domain.prune import Overlap, PhysicalOverlap, overlaps, plan_prune
 from support.fuzzing import fuzz_settings
 from support.strategies import (
     ASCII_CONTROLS,
+    B32_ALPHABET,
     MAX_SAVE_BYTES,
     MAX_U64,
     any_names,
@@ -334,6 +336,97 @@ class TestBulkAgreesWithReference:
     def test_latest_entry_scan_in_chunks(self, names: list[str], cuts: list[int]) -> None:
         """Feeding a listing to LatestEntryScan in arbitrary chunks answers as the reference does."""
         assert outcome(lambda: scan_latest(names, cuts)) == latest_of(reference_entries(names))
+
+
+class TestBulkRowCheck:
+    """Fixed examples for the bulk path's shape-and-roles check (names.py, step 3): it decides printable-ASCII
+    listings alone, refuses every path rule it is meant to catch, and hands whatever it cannot decide to the
+    exact regex (step 4), which must then run; a spy on that regex counts the hand-overs.
+    """
+
+    SAVES: ClassVar[list[str]] = [
+        f"exec/{e}.41{e:02d}.0/checkpoint-{500 * i}" for e in (1, 2, 3) for i in range(1, 1201)
+    ]
+
+    @pytest.fixture
+    def regex_runs(self, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+        from ckpt.domain import names
+
+        runs: list[int] = []
+        exact = names._ROWS
+
+        class Spy:
+            def fullmatch(self, text: str) -> re.Match[str] | None:
+                runs.append(len(text))
+                return exact.fullmatch(text)
+
+        monkeypatch.setattr(names, "_ROWS", Spy())
+        return runs
+
+    def listing(self, saves: Sequence[str]) -> list[str]:
+        return [format_entry_name(Entry(1 + i % 3, 10 * i, save)) for i, save in enumerate(saves)]
+
+    def test_printable_ascii_listings_need_no_regex(self, regex_runs: list[int]) -> None:
+        """3,600 ordinary names (four chunks) are validated, sorted and resolved without the regex."""
+        names = self.listing(self.SAVES)
+        expected = sorted(map(parse_entry_name, names), key=lambda e: e.key)
+        assert parse_entry_names(names) == expected
+        assert scan_latest(names, [1000, 2024]) == expected[-1]
+        assert regex_runs == []
+
+    @pytest.mark.parametrize(
+        ("save", "why"),
+        [
+            ("/exec/a", "absolute"),
+            ("exec/a/", "ends with '/'"),
+            ("exec//a", "empty path element"),
+            ("exec/./a", "'.' or '..'"),
+            ("exec/..", "'.' or '..'"),
+            (".", "'.' or '..'"),
+            ("pub", "pub/"),
+            ("pins/exec/a", "pins/"),
+            ("exec/a\x7fb", "control character"),
+            ("exec/a\tb", "control character"),
+            ("exec/a\x00b", "control character"),
+        ],
+    )
+    @pytest.mark.parametrize("where", [0, 1, 1500])
+    def test_one_bad_save_among_ordinary_ones_is_named(self, save: str, why: str, where: int) -> None:
+        """A save that breaks one path rule, first in a chunk or anywhere in it, is refused by name."""
+        bad = f"00000000000000000009-00000000000000000009-{b32(save.encode())}"
+        names = self.listing(self.SAVES[:2000])
+        names.insert(where, bad)
+        for parse in (parse_entry_names, latest_entry_of_names, lambda n: scan_latest(n, [1024])):
+            with pytest.raises(MalformedError, match=re.escape(why)) as caught:
+                parse(names)
+            assert caught.value.value == bad
+
+    def test_a_non_canonical_tail_that_decodes_to_a_printable_byte_is_named(self) -> None:
+        """The unused bits of a part's last character, set, make the byte after the save printable ('@' here):
+        the shape check must still see it is not the row's NUL."""
+        name = format_entry_name(Entry(1, 1, "exec/a/ck"))  # 9 bytes: 15 characters, 3 unused bits
+        assert len(name.split("-")[2]) % 8 == 7
+        last = B32_ALPHABET.index(name[-1])
+        assert last & 0b111 == 0
+        bad = name[:-1] + B32_ALPHABET[last | 0b010]  # the unused bits 010: the byte after the save is 0x40
+        assert (B32_ALPHABET.index(bad[-1]) & 0b111) << 5 == ord("@")
+        names = self.listing(self.SAVES[:50])
+        names.insert(7, bad)
+        with pytest.raises(MalformedError, match="canonical") as caught:
+            latest_entry_of_names(names)
+        assert caught.value.value == bad
+
+    @pytest.mark.parametrize(
+        "save", [".hidden/a", "exec/.a", "p", "pubx/a", "pinsx", "exec/é/ck", "exec/a b"]
+    )
+    def test_what_the_check_cannot_decide_goes_to_the_regex(self, save: str, regex_runs: list[int]) -> None:
+        """Valid saves it leaves undecided (an element led by '.', a save led by 'p', other UTF-8) are
+        accepted by the regex, which runs once for the chunk that holds them; a space is decided alone."""
+        names = self.listing(self.SAVES[:100])
+        odd = format_entry_name(Entry(9, 9, save))
+        names.insert(50, odd)
+        assert latest_entry_of_names(names) == Entry(9, 9, save)
+        assert len(regex_runs) == (0 if save == "exec/a b" else 1)
 
 
 class TestOrder:

@@ -15,10 +15,11 @@ Rules this module enforces:
 2. The decoded save must itself be valid (spec/layout.md), else the name is malformed.
 3. Two implementations live here on purpose. :func:`parse_entry_name` is the simple reference, one name at
    a time. :func:`parse_entry_names` and :func:`latest_entry_of_names` are the bulk paths used by
-   ``entries`` and ``resolve``: they validate a whole listing with a few C-level passes (one regex over
-   the joined names, one base-32 integer conversion, one UTF-8 decode, one regex over the decoded saves)
-   and fall back to the reference parser only to name the first bad name. Property tests hold the two to
-   the same answers.
+   ``entries`` and ``resolve``: they validate a whole listing with a few C-level passes (one translation of
+   the joined number fields, one base-32 integer conversion, one translation of the decoded saves compared
+   with their expected shape and one integer AND for the path rules; a regex over the saves only where
+   those cannot decide) and fall back to the reference parser only to name the first bad name. Property
+   tests hold the two to the same answers.
 
 Pure: standard library and attrs only.
 """
@@ -159,14 +160,24 @@ def encode_save_bytes(raw: bytes) -> str:
 # Parsing name by name costs several times what listing pub/ does (benchmarks/README.md), so names are checked
 # a chunk of a few thousand at a time, in a few passes that each run in C over the whole chunk:
 #
-# 1. One regex over the names joined with "-\n" (_LISTING, or _listing_u64 when a number has a leading
-#    non-zero digit): the 20-digit numbers, their 64-bit range and the separators. Counting newlines rejects
-#    a name that holds one; the chunk must be ASCII.
-# 2. One base-32 integer conversion of every save part, each completed by a pad (_ROW_PADS) into a *row* of
-#    whole bytes: <the save's bytes> <the byte holding the unused bits> <\x01 ...> <\n>. Characters outside
-#    the alphabet become "!", and so does the pad of a part of impossible length (1, 3 or 6 characters past a
-#    whole group), which stops the conversion; a part longer than 213 characters has no pad at all.
-# 3. One UTF-8 decode of all rows, then one regex over them (_ROWS): a valid save (spec/layout.md), then NUL,
+# 1. The numbers: every name's first 42 characters, joined (_numbers). One translation of every digit to "0",
+#    compared with "<20 zeros>-<20 zeros>-" repeated, proves the 20-digit fields and the separators (and, the
+#    result being ASCII, that no other character hides there); a leading "0" in every number proves the
+#    64-bit range, else the exact 64-bit pattern runs over the same string.
+# 2. The saves: one base-32 integer conversion of every save part, each completed by a pad (_ROW_PADS) into a
+#    *row* of whole bytes: <the save's bytes> <the byte holding the unused bits> <\x01 ...> <\n>. Characters
+#    outside the alphabet become "!", and so does the pad of a part of impossible length (1, 3 or 6 characters
+#    past a whole group), which stops the conversion; a part longer than 213 characters has no pad at all.
+# 3. The rows, where every save is printable ASCII (the usual case; _rows_valid): one translation of every
+#    such byte to "s", compared with the shape the parts' lengths alone give the rows (_ROW_SHAPES: "s" for
+#    each save byte, then NUL, the \x01s and \n), proves the saves free of control characters and every part
+#    canonical (its unused-bits byte is NUL). The path rules are then a property of neighbouring bytes:
+#    a separator ('/', or a row's start) followed by '/', '.' or the row's end is an empty or dot-led element,
+#    and a row that starts with 'p' may start with pub/ or pins/. One translation to role bits (_ROLES) and
+#    one AND of the listing, as an integer, with itself shifted by a byte find any such pair; with none, the
+#    rows are valid.
+# 4. Otherwise (a save with other UTF-8, or with an element that starts with '.' or a row with 'p'): one
+#    UTF-8 decode of all rows, then one regex over them (_ROWS): a valid save (spec/layout.md), then NUL,
 #    which is what the unused-bits byte holds exactly when the part is canonical, then \x01s and \n. The rows
 #    are delimited by their \n alone: each pad carries exactly one, so the newline count proves no save holds
 #    one, and \x01 (never NUL, never part of a valid save) keeps a NUL inside a save from passing for a row's
@@ -175,15 +186,17 @@ def encode_save_bytes(raw: bytes) -> str:
 # When any check fails, the reference parser runs name by name to name the first bad one; property tests
 # hold the two paths to the same answers.
 
-# The base32 part is only skipped here: step 2 checks it, at a fraction of a regex's cost per character.
-# Numbers below 10**19 (a leading 0) are the usual case; the exact 64-bit pattern costs more to compile.
-_LISTING = re.compile(r"(?:0[0-9]{19}-0[0-9]{19}-.++\n)++")
+# The numbers' first digit is "0" (below 10**19) in the usual case; the exact 64-bit pattern costs more to
+# compile and to run.
+_PREFIX = itemgetter(slice(0, _PREFIX_LEN))
+_DIGITS_AS_ZERO = str.maketrans("123456789", "0" * 9)
+_PREFIX_SHAPE = ("0" * 20 + "-") * 2
 
 
 @functools.cache
-def _listing_u64() -> re.Pattern[str]:
+def _prefixes_u64() -> re.Pattern[str]:
     u64 = _u64_pattern()
-    return re.compile(rf"(?:{u64}-{u64}-.++\n)++")
+    return re.compile(rf"(?:{u64}-{u64}-)*+")
 
 
 _LISTING_SEP = "-\n"  # after every name, the last too; lets str.split("-") cut names into their three fields
@@ -193,6 +206,7 @@ _B32_PART = itemgetter(slice(_PREFIX_LEN, None))
 # caches and are reused from chunk to chunk. Past ~2k names the buffers are big enough that malloc returns
 # them to the kernel after each chunk and takes fresh pages for the next, which costs more than the passes.
 _CHUNK = 1024
+_CHUNK_PREFIX_SHAPE = _PREFIX_SHAPE * _CHUNK
 
 # base32 alphabet -> digits of int(text, 32) (A-Z are 0-25, 2-7 are 26-31); any other ASCII -> "!".
 _B32_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
@@ -203,26 +217,41 @@ _B32_DIGITS = str.maketrans(
 _ROW_FILL = b"\x01"
 
 
-def _row_pad(length: int) -> str:
-    """Return the base32 characters that complete a save part of ``length`` characters into a row.
+def _row_pad(length: int) -> tuple[str, bytes]:
+    """Return the base32 characters that complete a save part of ``length`` characters into a row, and the
+    row's shape (step 3).
 
-    They depend on ``length % 8`` only. A length no canonical encoding has gets ``"!"``, which
-    ``int(..., 32)`` refuses.
+    They depend on ``length % 8`` and the save's size only. A length no canonical encoding has gets ``"!"``,
+    which ``int(..., 32)`` refuses, and a shape no row has.
     """
     if length % 8 in (1, 3, 6):
-        return "!"
+        return "!", b"!"
     size = length * 5 // 8  # whole bytes the part holds
     pad = 5 - size % 5  # bytes left in its last 5-byte (8-character) group ...
     if pad < 2:
         pad += 5  # ... and another group when there is no room for both the unused-bits byte and the \n
-    row = bytes(size) + b"\x00" + _ROW_FILL * (pad - 2) + b"\n"
+    tail = b"\x00" + _ROW_FILL * (pad - 2) + b"\n"
     # Characters past ``length`` carry only bits that follow the part's own, whatever the part is.
-    return encode_save_bytes(row)[length:]
+    return encode_save_bytes(bytes(size) + tail)[length:], b"s" * size + tail
 
 
 # Indexed by the part's length: an empty part has no pad, and a part longer than MAX_B32_CHARS no entry.
-_PADS_BY_RESIDUE = [_row_pad(residue) for residue in range(8)]
-_ROW_PADS = ("!", *(_PADS_BY_RESIDUE[length % 8] for length in range(1, MAX_B32_CHARS + 1)))
+_PADS_AND_SHAPES = [("!", b"!"), *map(_row_pad, range(1, MAX_B32_CHARS + 1))]
+_ROW_PADS = tuple(pad for pad, _ in _PADS_AND_SHAPES)
+_ROW_SHAPES = tuple(shape for _, shape in _PADS_AND_SHAPES)
+# Step 3: printable ASCII -> "s"; the rows' own NUL, \x01 and \n stay; anything else -> "!".
+_SHAPE = bytes(
+    ord("s") if 0x20 <= c < 0x7F else c if c in (0x00, 0x01, 0x0A) else ord("!") for c in range(256)
+)
+# Step 3's role bits. A byte's low two bits say what it is to the byte after it: a separator ('/', and the \n
+# that ends a row) or a row's start (\n). The next two, what it is to the byte before it: what must not follow
+# a separator ('/', '.', and the NUL that ends a save), and what may begin pub/ or pins/ at a row's start.
+_AFTER_SEP, _AFTER_ROW = 1, 2
+_NOT_AFTER_SEP, _NOT_AT_ROW = 4, 8
+_ROLE_SHIFT = 2  # moves the last two bits onto the first two
+_ROLES_OF = {"/": _AFTER_SEP | _NOT_AFTER_SEP, "\n": _AFTER_SEP | _AFTER_ROW, "\x00": _NOT_AFTER_SEP}
+_ROLES_OF |= {".": _NOT_AFTER_SEP} | {never[0]: _NOT_AT_ROW for never in NEVER_SAVES}
+_ROLES = bytes(_ROLES_OF.get(chr(c), 0) for c in range(256))
 # Rule 2 over decoded rows: elements free of '/' and control characters, none empty, '.' or '..', the first
 # none of NEVER_SAVES (pub, pins: the list save_error uses); a save ends at the NUL of its row.
 _ELEMENT = r"(?!\.\.?[/\x00])[^/\x00-\x1f\x7f]++"
@@ -253,41 +282,64 @@ def _chunks(names: Sequence[str]) -> Iterator[Sequence[str]]:
     return (names[start : start + _CHUNK] for start in range(0, len(names), _CHUNK))
 
 
-def _bulk_match(names: Sequence[str]) -> str | None:
-    """Check the numbers and separators of every name (step 1); return the joined names, or ``None``."""
-    joined = _LISTING_SEP.join([*names, ""])
-    if not joined.isascii() or joined.count("\n") != len(names):
+def _numbers(names: Sequence[str]) -> str | None:
+    """Check the numbers and separators of every name (step 1); return their prefixes joined, or ``None``."""
+    prefixes = "".join(map(_PREFIX, names))
+    count = len(names)
+    shape = _CHUNK_PREFIX_SHAPE if count == _CHUNK else _PREFIX_SHAPE * count
+    if prefixes.translate(_DIGITS_AS_ZERO) != shape:
         return None
-    if _LISTING.fullmatch(joined) is None and _listing_u64().fullmatch(joined) is None:
+    leading = prefixes[0::_PREFIX_LEN] + prefixes[21::_PREFIX_LEN]  # each number's first digit
+    if leading.count("0") != 2 * count and _prefixes_u64().fullmatch(prefixes) is None:
         return None
-    return joined
+    return prefixes
 
 
-def _bulk_decode_saves(parts: Sequence[str]) -> str | None:
-    """Decode and check the base32 parts of matched names (steps 2 and 3); ``None`` if any is bad.
+def _each(table: Sequence[Any], indices: tuple[int, ...]) -> tuple[Any, ...]:
+    """``table[i]`` for every index, in one C loop (itemgetter given one index returns the item itself)."""
+    found = itemgetter(*indices)(table)
+    return found if len(indices) > 1 else (found,)
 
-    Returns the decoded rows: each save followed by NUL, ``\x01`` characters and a newline.
+
+def _bulk_decode_saves(parts: Sequence[str]) -> bytes | None:
+    """Decode and check the base32 parts of names whose numbers are checked (steps 2 to 4); ``None`` if any
+    is bad.
+
+    Returns the decoded rows: each save followed by NUL, ``\x01`` bytes and a newline.
     """
     if not parts:
-        return ""
+        return b""
+    lengths = tuple(map(len, parts))
     pieces = [""] * (2 * len(parts))
     pieces[0::2] = parts
     try:
-        # itemgetter looks all the pads up in one C loop (given one index, it returns the item itself).
-        pads = itemgetter(*map(len, parts))(_ROW_PADS)
-        pieces[1::2] = pads if len(parts) > 1 else [pads]
+        pieces[1::2] = _each(_ROW_PADS, lengths)
         text = "".join(pieces)
+        if not text.isascii():  # int() reads other scripts' digits too
+            return None
         value = int(text.translate(_B32_DIGITS), 32)
     except (IndexError, ValueError):  # too long a part; not base32, or of an impossible length
         return None
-    raw = value.to_bytes(len(text) * 5 // 8, "big")
-    if raw.count(b"\n") != len(parts):
-        return None
-    try:
-        rows = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return rows if _ROWS.fullmatch(rows) is not None else None
+    rows = value.to_bytes(len(text) * 5 // 8, "big")
+    return rows if _rows_valid(rows, lengths) else None
+
+
+def _rows_valid(rows: bytes, lengths: tuple[int, ...]) -> bool:
+    """Whether decoded rows hold valid saves from canonical parts of these lengths (steps 3 and 4)."""
+    if rows.translate(_SHAPE) == b"".join(_each(_ROW_SHAPES, lengths)):
+        roles = rows.translate(_ROLES)
+        bits = int.from_bytes(roles, "big")
+        if not roles[0] & (_NOT_AFTER_SEP | _NOT_AT_ROW) and not (bits >> _ROLE_SHIFT) & (bits >> 8):
+            return True
+        text = rows.decode("ascii")  # printable ASCII: the shape says so
+    else:
+        if rows.count(b"\n") != len(lengths):
+            return False
+        try:
+            text = rows.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return _ROWS.fullmatch(text) is not None
 
 
 def parse_entry_names(names: Sequence[str]) -> list[Entry]:
@@ -298,8 +350,9 @@ def parse_entry_names(names: Sequence[str]) -> list[Entry]:
     # Sort the names as strings once (see _ORDER), then decode them in that order, a chunk at a time.
     keys: list[str] = []
     for chunk in _chunks(names):
-        joined = _bulk_match(chunk)
-        if joined is None:
+        joined = _LISTING_SEP.join([*chunk, ""])
+        # A newline inside a name would split it into two keys below.
+        if _numbers(chunk) is None or joined.count("\n") != len(chunk):
             raise _first_malformed(names)
         keys += joined.translate(_ORDER).split(_LISTING_SEP)
         keys.pop()  # the empty string after the last separator
@@ -310,7 +363,7 @@ def parse_entry_names(names: Sequence[str]) -> list[Entry]:
         rows = _bulk_decode_saves(fields[2::3]) if len(fields) == 3 * len(chunk) else None
         if rows is None:
             raise _first_malformed(names)
-        saves = rows.replace("\x01", "").replace("\x00", "").split("\n")
+        saves = rows.replace(b"\x01", b"").replace(b"\x00", b"").decode("utf-8").split("\n")
         saves.pop()  # the empty string after the last row
         # int() skips the newline that starts every epoch but the first.
         entries += _new_entries(map(int, fields[0::3]), map(int, fields[1::3]), saves)
@@ -355,15 +408,15 @@ class LatestEntryScan:
         """Validate ``names`` and fold them into the result."""
         if not names:
             return
-        joined = _bulk_match(names)
-        if joined is None or _bulk_decode_saves(list(map(_B32_PART, names))) is None:
+        prefixes = _numbers(names)
+        if prefixes is None or _bulk_decode_saves(list(map(_B32_PART, names))) is None:
             raise _first_malformed(names)
         top = max(names)
         numbers = top[:_NUMBERS_LEN]
         if numbers < self._numbers:
             return
-        # Every name but the first follows a newline in the joined names.
-        if joined.count("\n" + numbers) + joined.startswith(numbers) > 1:
+        # The prefixes are "<epoch>-<step>-" blocks; a match across two blocks only costs the exact filter.
+        if prefixes.count(numbers + "-") > 1:
             ties = [name for name in names if name.startswith(numbers)]
         else:
             ties = [top]
