@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import boto3
 import pytest
@@ -335,7 +336,6 @@ class TestParallelRestore:
         assert files_of(save) == expected
         assert published_during == [[]] * FILES_PER_SAVE
         assert entries(str(fast)) == [f"5 100 {save}"]
-
 
     def test_a_restore_first_removes_the_temporary_files_a_killed_one_left(self, tmp_path: Path) -> None:
         """tiered.md §4.3, §6.3: a restore killed with files in flight leaves temporary files (its own name,
@@ -1024,8 +1024,122 @@ class TestDoctorBothRoots:
             "durable proxy",
             "durable exclusive-create",
             "durable write-settings",
+            "durable multipart-cleanup",
             "tiers",
         ]
+        assert "\nwarn durable multipart-cleanup: no enabled lifecycle rule" in result.stdout
+
+    def test_the_durable_buckets_lifecycle_and_incomplete_uploads_are_reported(
+        self, tmp_path: Path, s3: tuple[Any, str, str]
+    ) -> None:
+        """Without a lifecycle rule that aborts incomplete uploads under the root, a warning (exit 0) that
+        counts them; a rule elsewhere changes nothing; one that covers the root makes the check pass."""
+        client, root, config = s3
+        bucket = root.split("/")[2]
+        fast = tmp_path / "fast"
+        fast.mkdir()
+
+        def cleanup() -> dict[str, Any]:
+            result = run("--json", "--config", config, "--root", str(fast), "doctor", "--durable", root)
+            assert result.returncode == 0, result.stdout + result.stderr
+            return {c["name"]: c for c in json.loads(result.stdout)["checks"]}["durable multipart-cleanup"]
+
+        first = cleanup()
+        assert (first["ok"], first.get("warning"), first["incomplete_uploads"]) == (True, True, 0)
+        assert first["detail"].startswith("no enabled lifecycle rule of the bucket aborts incomplete")
+        # What a replicator killed mid-upload leaves: an upload begun and never completed.
+        client.create_multipart_upload(Bucket=bucket, Key="tiers/exec/a/checkpoint-100/model.safetensors")
+        client.create_multipart_upload(Bucket=bucket, Key="elsewhere/x")  # not under the root
+        documented = documented_lifecycle()  # docs/tiered.md's rule, as the page gives it
+        rule = {key: value for key, value in documented["Rules"][0].items() if key not in ("ID", "Filter")}
+        client.put_bucket_lifecycle_configuration(
+            Bucket=bucket,
+            LifecycleConfiguration={"Rules": [{**rule, "ID": "other", "Filter": {"Prefix": "elsewhere/"}}]},
+        )
+        second = cleanup()
+        assert (second.get("warning"), second["incomplete_uploads"]) == (True, 1)
+        assert second["detail"].endswith(f"1 incomplete under {root}/ now")
+        client.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration=documented)
+        third = cleanup()
+        assert "warning" not in third
+        assert third["ok"] is True
+        assert third["detail"] == (
+            "lifecycle rule 'abort-incomplete-uploads' aborts incomplete multipart uploads after 2 days; "
+            f"1 incomplete under {root}/ now"
+        )
+
+    @pytest.mark.parametrize("s3_server", ["rgw"], indirect=True)
+    def test_a_lifecycle_the_credentials_may_not_read_is_a_warning_not_a_failure(
+        self, tmp_path: Path, s3: tuple[Any, str, str]
+    ) -> None:
+        """A bucket policy that refuses reading the lifecycle and listing the uploads (a replicator's narrow
+        role): the check warns that both are unknown, and doctor still exits 0."""
+        client, root, config = s3
+        bucket = root.split("/")[2]
+        refused = ["s3:GetLifecycleConfiguration", "s3:ListBucketMultipartUploads"]
+        statement = {
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": refused,
+            "Resource": f"arn:aws:s3:::{bucket}",
+        }
+        policy = {"Version": "2012-10-17", "Statement": [statement]}
+        client.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
+        fast = tmp_path / "fast"
+        fast.mkdir()
+        result = run("--json", "--config", config, "--root", str(fast), "doctor", "--durable", root)
+        assert result.returncode == 0, result.stdout + result.stderr
+        check = {c["name"]: c for c in json.loads(result.stdout)["checks"]}["durable multipart-cleanup"]
+        assert (check["ok"], check["warning"], "incomplete_uploads" in check) == (True, True, False)
+        assert check["detail"] == (
+            "the bucket's lifecycle rules could not be read (access denied), so whether one aborts the "
+            "incomplete multipart uploads a killed replicator leaves is unknown; its incomplete multipart "
+            "uploads could not be listed (access denied)"
+        )
+
+
+def documented_lifecycle() -> dict[str, Any]:
+    """The lifecycle configuration docs/tiered.md tells a site to put on its durable bucket."""
+    page = (Path(__file__).parent.parent / "docs" / "tiered.md").read_text()
+    found = re.search(r"--lifecycle-configuration '(\{.*?\})'\n```", page, re.DOTALL)
+    assert found is not None, "docs/tiered.md lost its lifecycle example"
+    configuration: dict[str, Any] = json.loads(found.group(1))
+    return configuration
+
+
+class TestLifecycleRules:
+    """``aborting_rule``: the lifecycle rules that abort every incomplete upload under a root (cleanup.py,
+    rule 1)."""
+
+    ABORT: ClassVar[dict[str, Any]] = {
+        "Status": "Enabled",
+        "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 3},
+        "ID": "r",
+    }
+
+    @pytest.mark.parametrize(
+        ("extra", "covers"),
+        [
+            ({"Filter": {}}, True),
+            ({"Filter": {"Prefix": ""}}, True),
+            ({"Filter": {"Prefix": "ti"}}, True),
+            ({"Filter": {"Prefix": "tiers/"}}, True),
+            ({"Filter": {"Prefix": "tiers/exec/"}}, False),  # the root's pub/ and pins/ are outside it
+            ({"Filter": {"And": {"Prefix": "tiers"}}}, True),
+            ({"Filter": {"And": {"Prefix": "tiers", "Tags": [{"Key": "a", "Value": "b"}]}}}, False),
+            ({"Filter": {"Tag": {"Key": "a", "Value": "b"}}}, False),
+            ({"Filter": {"ObjectSizeGreaterThan": 10}}, False),
+            ({"Prefix": "tiers"}, True),  # the older form
+            ({"Prefix": "other"}, False),
+            ({"Filter": {}, "Status": "Disabled"}, False),
+            ({"Filter": {}, "AbortIncompleteMultipartUpload": {}}, False),
+        ],
+    )
+    def test_a_rule_covers_the_root_only_by_prefix(self, extra: dict[str, Any], covers: bool) -> None:
+        from ckpt.adapters.s3.cleanup import aborting_rule
+
+        rules = [{"ID": "expire", "Status": "Enabled", "Expiration": {"Days": 9}}, {**self.ABORT, **extra}]
+        assert aborting_rule(rules, "tiers/") == (("r", 3) if covers else None)
 
 
 class TestTransferSettings:

@@ -20,12 +20,16 @@ Checks, each reported with a name, a verdict and one line of detail (never a sec
   shows what came back.
 
 With ``--durable DURABLE`` (spec/tiered.md §11) every check above runs again on the durable root, each
-named ``durable <check>``, and one more, ``tiers``, pairs the two roots (``ckpt.store.open_tiers``) and
+named ``durable <check>``; on an S3 durable root, ``durable multipart-cleanup`` says whether a lifecycle
+rule of the bucket aborts the incomplete multipart uploads a killed replicator leaves, and how many there
+are (``--json`` adds ``incomplete_uploads``): without such a rule it *warns* (``warn``), as it does when the
+lifecycle cannot be read, since nothing is wrong with the checkpoints, only with what the bucket keeps.
+Then ``tiers`` pairs the two roots (``ckpt.store.open_tiers``) and
 reports the replication lag: the fast entries not yet durable and the steps between the two roots'
 newest entries (``--json`` adds ``pending`` and ``lag_steps``). A lag is not a failure; a pair that is
 not allowed (the fast root not a POSIX path, the durable root inside it) is.
 
-Exit 0 when every check passes, 1 otherwise.
+Exit 0 when no check fails (a warning is not a failure), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -39,7 +43,12 @@ if TYPE_CHECKING:
     from ckpt.adapters.s3 import S3Store
     from ckpt.cli import Context
 
-__all__ = ["register", "run"]
+__all__ = ["WARN", "register", "run"]
+
+_DURABLE = "durable "  # the prefix of the durable root's checks
+
+#: The verdict of a check that found something to fix that is not a failure (cli.md §9.1).
+WARN = "warn"
 
 #: How long the proxy check waits for a TCP connection to a proxy.
 _PROXY_CONNECT_SECONDS = 5.0
@@ -110,9 +119,9 @@ def _probe(store: object) -> tuple[bool, str, dict[str, int]]:
     return probe.honoured, probe.detail, numbers if probe.writers else {}
 
 
-def _checks(ctx: Context, numbers: dict[str, dict[str, int]]) -> list[tuple[str, bool, str]]:
+def _checks(ctx: Context, numbers: dict[str, dict[str, int]]) -> list[tuple[str, bool | str, str]]:
     """Run the checks; a check that counted something (the probe's creates) leaves it in ``numbers``."""
-    results: list[tuple[str, bool, str]] = []
+    results: list[tuple[str, bool | str, str]] = []
 
     def check(name: str, probe: Any) -> bool:
         try:
@@ -137,7 +146,7 @@ def _checks(ctx: Context, numbers: dict[str, dict[str, int]]) -> list[tuple[str,
         config = ctx.config() if ctx.args.config or ctx.environ.get("CKPT_CONFIG") else None
         return open_store(durable_root, config=config, environ=ctx.environ)
 
-    durable = _root_checks(check, _once(open_durable), "durable ")
+    durable = _root_checks(check, _once(open_durable), _DURABLE)
     if fast is not None and durable is not None:
         check("tiers", lambda: _check_tiers(fast, durable))
     return results
@@ -172,9 +181,37 @@ def _root_checks(check: Any, open_store: Any, prefix: str) -> Any:
         if root_ok:
             check(f"{prefix}exclusive-create", lambda: _probe(s3_store))
             check(f"{prefix}write-settings", s3_store.check_write_settings)
+        if root_ok and prefix == _DURABLE:  # only the replicator makes multipart uploads
+            check(f"{prefix}multipart-cleanup", lambda: _check_multipart_cleanup(s3_store))
     elif root_ok:
         check(f"{prefix}exclusive-create", lambda: _probe(store))
     return store if root_ok else None
+
+
+def _check_multipart_cleanup(store: S3Store) -> tuple[bool | str, str, dict[str, int]]:
+    """Whether the bucket's lifecycle aborts the root's incomplete multipart uploads (cli.md §9.2)."""
+    found = store.multipart_cleanup()
+    if found.incomplete is None:
+        now = "its incomplete multipart uploads could not be listed (access denied)"
+    else:
+        now = f"{found.incomplete}{' or more' if found.more else ''} incomplete under {found.location} now"
+    numbers = {} if found.incomplete is None else {"incomplete_uploads": found.incomplete}
+    if found.rule is not None:
+        rule, days = found.rule
+        detail = f"lifecycle rule {rule!r} aborts incomplete multipart uploads after {days} days; {now}"
+        return True, detail, numbers
+    if not found.rules_known:
+        detail = (
+            "the bucket's lifecycle rules could not be read (access denied), so whether one aborts the "
+            f"incomplete multipart uploads a killed replicator leaves is unknown; {now}"
+        )
+        return WARN, detail, numbers
+    detail = (
+        "no enabled lifecycle rule of the bucket aborts incomplete multipart uploads under "
+        f"{found.location}: the parts of an upload a replicator was killed in stay stored, and billed, "
+        f'until one does (docs/tiered.md, "Checking both roots"); {now}'
+    )
+    return WARN, detail, numbers
 
 
 def _check_tiers(fast: Any, durable: Any) -> tuple[bool, str, dict[str, int]]:
@@ -193,6 +230,10 @@ def _check_tiers(fast: Any, durable: Any) -> tuple[bool, str, dict[str, int]]:
     return True, detail, {"pending": len(pending), "lag_steps": lag}
 
 
+def _warning(verdict: bool | str) -> dict[str, bool]:
+    return {"warning": True} if verdict == WARN else {}
+
+
 def run(ctx: Context) -> int:
     """Run every check and print the verdicts."""
     from ckpt import __version__
@@ -200,11 +241,15 @@ def run(ctx: Context) -> int:
 
     numbers: dict[str, dict[str, int]] = {}
     results = _checks(ctx, numbers)
-    ok = all(passed for _, passed, _ in results)
+    ok = all(passed is not False for _, passed, _ in results)
     if ctx.json:
-        checks = [{"name": n, "ok": passed, "detail": d, **numbers.get(n, {})} for n, passed, d in results]
+        checks = [
+            {"name": n, "ok": passed is not False, **_warning(passed), "detail": d, **numbers.get(n, {})}
+            for n, passed, d in results
+        ]
         print_json({"ok": ok, "version": __version__, "checks": checks}, ctx.stdout)
     else:
         for name, passed, detail in results:
-            ctx.say(f"{'ok  ' if passed else 'FAIL'} {name}: {detail}")
+            verdict = "warn" if passed == WARN else "ok  " if passed else "FAIL"
+            ctx.say(f"{verdict} {name}: {detail}")
     return 0 if ok else 1

@@ -57,6 +57,7 @@ from ckpt.domain.saves import SaveKind
 from ckpt.domain.saves_reader import TreeReader
 
 if TYPE_CHECKING:
+    from ckpt.adapters.s3.cleanup import MultipartCleanup
     from ckpt.adapters.s3.durable import S3DurableFiles
 
 __all__ = ["ExclusiveCreateProbe", "S3Journal", "S3Log", "S3Store", "S3Tree"]
@@ -340,6 +341,13 @@ class S3Store(CheckpointStore):
             created=verdict.created,
             refused=verdict.refused,
         )
+
+    def multipart_cleanup(self) -> MultipartCleanup:
+        """The root's incomplete multipart uploads and the lifecycle rule that aborts them
+        (``ckpt doctor --durable``; :mod:`ckpt.adapters.s3.cleanup`)."""
+        from ckpt.adapters.s3.cleanup import multipart_cleanup
+
+        return multipart_cleanup(self._bucket)
 
     def check_write_settings(self) -> tuple[bool, str]:
         """Put one probe object as every write is sent (``Bucket.put_object``), read its ``HeadObject``
