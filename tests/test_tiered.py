@@ -1067,6 +1067,9 @@ class TestDoctorBothRoots:
             "lifecycle rule 'abort-incomplete-uploads' aborts incomplete multipart uploads after 2 days; "
             f"1 incomplete under {root}/ now"
         )
+        one_day = {**documented["Rules"][0], "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}}
+        client.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [one_day]})
+        assert "aborts incomplete multipart uploads after 1 day; 1 incomplete" in cleanup()["detail"]
 
     @pytest.mark.parametrize("s3_server", ["rgw"], indirect=True)
     def test_a_lifecycle_the_credentials_may_not_read_is_a_warning_not_a_failure(

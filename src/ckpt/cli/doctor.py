@@ -198,7 +198,8 @@ def _check_multipart_cleanup(store: S3Store) -> tuple[bool | str, str, dict[str,
     numbers = {} if found.incomplete is None else {"incomplete_uploads": found.incomplete}
     if found.rule is not None:
         rule, days = found.rule
-        detail = f"lifecycle rule {rule!r} aborts incomplete multipart uploads after {days} days; {now}"
+        after = f"{days} day{'' if days == 1 else 's'}"
+        detail = f"lifecycle rule {rule!r} aborts incomplete multipart uploads after {after}; {now}"
         return True, detail, numbers
     if not found.rules_known:
         detail = (
