@@ -182,6 +182,7 @@ def main(argv: list[str]) -> int:
         py = os.path.join(BIN, "python")
         for step in (
             (py, "-m", "ruff", "check", "src", "tests", "benchmarks", "dev.py"),
+            (py, "-m", "ruff", "format", "--check", "src", "tests", "benchmarks", "dev.py"),
             (py, "-m", "mypy"),
             (os.path.join(BIN, "lint-imports"),),  # the layer contract in pyproject.toml
         ):

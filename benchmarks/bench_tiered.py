@@ -378,7 +378,7 @@ def bench_tiered(ctx: Context) -> list[Row]:
     rows: list[Row] = []
     with moto_server(ctx.scratch, {}) as endpoint:
         moto = _Server("moto", endpoint, FAKE_ENV)
-        for files in ((8, 2) if ctx.quick else (16, 2)):
+        for files in (8, 2) if ctx.quick else (16, 2):
             rows += _transfer_rows(ctx, moto, files, small)
     missing = missing_binaries()
     if missing:

@@ -240,7 +240,6 @@ class TestCatchUp:
         caught = catch_up(store, Framework.DCP, attempt="b", epoch=20)
         assert [(e.epoch, e.step) for e in caught.published] == [(10, 40)]
 
-
     def test_saves_in_a_sub_folder(self, harness: Harness) -> None:
         """With a sub-folder, each execution's saves are looked for there, on every store; an epoch
         learnt from entries counts for entries inside the sub-folder too."""
@@ -495,8 +494,16 @@ class TestResumeCommand:
         with silent_endpoint() as (url, held):
             config = silent_s3_config(tmp_path / "ckpt.toml", url)
             result = ckpt(
-                "--root", "s3://bucket", "--config", str(config), "resume", "--framework", "hf",
-                "--scan-timeout", "1", env=env,
+                "--root",
+                "s3://bucket",
+                "--config",
+                str(config),
+                "resume",
+                "--framework",
+                "hf",
+                "--scan-timeout",
+                "1",
+                env=env,
             )
         assert (result.returncode, result.stdout) == (1, ""), result.stderr
         assert "recording the epoch in s3://bucket/exec/b took longer than 1s" in result.stderr
@@ -573,7 +580,12 @@ class TestResumeSavesSubFolder:
         older = dcp_save(tmp_path / "exec" / "a" / "checkpoint" / "step-20")
         seen = watch_until(
             self.env(tmp_path, "a", 10),
-            "--framework", "dcp", "--saves", "exec/a/checkpoint", "--interval", "600",
+            "--framework",
+            "dcp",
+            "--saves",
+            "exec/a/checkpoint",
+            "--interval",
+            "600",
             line="published",
         )
         assert any(str(older) in text for text in seen), seen
@@ -592,7 +604,12 @@ class TestResumeSavesSubFolder:
         save it never published is caught up at that epoch (the absolute spelling works as well)."""
         watch_until(
             self.env(tmp_path, "a", 10),
-            "--framework", "dcp", "--saves", "exec/a/checkpoint/", "--interval", "600",
+            "--framework",
+            "dcp",
+            "--saves",
+            "exec/a/checkpoint/",
+            "--interval",
+            "600",
             line="watching",
         )
         assert (tmp_path / "exec" / "a" / EPOCH_RECORD).read_bytes() == b"10\n"

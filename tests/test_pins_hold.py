@@ -258,9 +258,7 @@ S3_KILLER = textwrap.dedent(
 
 class TestS3KilledPrune:
     @pytest.mark.parametrize("point", ["after-the-entries", "before-the-decision", "before-the-put-back"])
-    def test_a_pin_made_during_a_killed_prune_holds(
-        self, s3_server: str, tmp_path: Path, point: str
-    ) -> None:
+    def test_a_pin_made_during_a_killed_prune_holds(self, s3_server: str, tmp_path: Path, point: str) -> None:
         """On moto's server, the prune (a real process) killed by SIGKILL at each point between removing the
         entries and putting the pinned one back; ``ckpt prune`` (a real process) then puts e1 back and
         finishes: e2's objects gone, no journal or decision left."""

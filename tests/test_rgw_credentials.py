@@ -158,10 +158,14 @@ class TestRotation:
         assert new[1] not in caplog.text
         assert old[1] not in caplog.text
 
-        assert store.entries() == [first, second] == [
-            Entry(1, 100, "exec/a/checkpoint-100"),
-            Entry(1, 200, "exec/a/checkpoint-200"),
-        ]
+        assert (
+            store.entries()
+            == [first, second]
+            == [
+                Entry(1, 100, "exec/a/checkpoint-100"),
+                Entry(1, 200, "exec/a/checkpoint-200"),
+            ]
+        )
         stale = only_loopback(
             make_s3_client(
                 http_settings(rgw_server.endpoint),
@@ -170,7 +174,6 @@ class TestRotation:
         )
         with pytest.raises(CredentialsError, match="InvalidAccessKeyId"):
             S3Store(f"s3://{bucket}", stale).entries()
-
 
     def test_a_key_rotated_in_vault_is_picked_up_without_a_new_client(
         self, rgw_server: RgwServer, bucket: str, caplog: pytest.LogCaptureFixture
@@ -205,10 +208,14 @@ class TestRotation:
         assert len(refreshes(caplog)) == 1, refreshes(caplog)
         for secret in (old[1], new[1], secret_id):
             assert secret not in caplog.text
-        assert store.entries() == [first, second] == [
-            Entry(1, 100, "exec/a/checkpoint-100"),
-            Entry(1, 200, "exec/a/checkpoint-200"),
-        ]
+        assert (
+            store.entries()
+            == [first, second]
+            == [
+                Entry(1, 100, "exec/a/checkpoint-100"),
+                Entry(1, 200, "exec/a/checkpoint-200"),
+            ]
+        )
 
     def test_a_prune_whose_key_is_revoked_between_its_requests_completes_as_undisturbed(
         self, rgw_server: RgwServer, bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -246,9 +253,7 @@ class TestRotation:
         assert len(logged) == 1, logged  # the second request was refused once, then went on
         assert logged[0].startswith("S3 answered InvalidAccessKeyId to ")
         assert store.entries() == [Entry(1, 300, saves[2]), Entry(1, 400, saves[3])]
-        left = {
-            item["Key"] for item in arrange.list_objects_v2(Bucket=bucket).get("Contents", ())
-        }
+        left = {item["Key"] for item in arrange.list_objects_v2(Bucket=bucket).get("Contents", ())}
         assert not any(key.startswith((f"{saves[0]}/", f"{saves[1]}/")) for key in left), sorted(left)
         assert all(any(key.startswith(f"{save}/") for key in left) for save in saves[2:]), sorted(left)
         assert not any(".ckpt-prune-" in key for key in left), sorted(left)

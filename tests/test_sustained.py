@@ -222,7 +222,7 @@ class TestSustainedRunOnS3:
         config = tmp_path / "ckpt.toml"
         config.write_text(
             f'[s3]\nendpoint_url = "{rgw_server.endpoint}"\nregion = "us-east-1"\naddressing_style = "path"\n'
-            "connect_timeout = 2\nread_timeout = 20\nmax_attempts = 3\n\n[[credentials]]\nsource = \"env\"\n"
+            'connect_timeout = 2\nread_timeout = 20\nmax_attempts = 3\n\n[[credentials]]\nsource = "env"\n'
         )
         env = _s3_env(rgw_server, tmp_path)
         ckpt = [sys.executable, "-m", "ckpt", "--config", str(config), "--root", root]

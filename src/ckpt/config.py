@@ -199,9 +199,7 @@ def _bucket_settings(table: Mapping[str, Any]) -> dict[str, str]:
         value = table[key]
         if not isinstance(value, str) or not value:
             quote = " (quote it: an account id's leading zeros count)" if isinstance(value, int) else ""
-            raise ConfigError(
-                f"s3.{key} must be a non-empty string{quote}, got {value!r}", key=f"s3.{key}"
-            )
+            raise ConfigError(f"s3.{key} must be a non-empty string{quote}, got {value!r}", key=f"s3.{key}")
         problem = problem_of(value)
         if problem is not None:
             raise ConfigError(f"s3.{key} {value!r} cannot be used: {problem}", key=f"s3.{key}")

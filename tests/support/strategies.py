@@ -101,7 +101,16 @@ _ENDPOINTS = st.sampled_from(
 )
 # Endpoints refused at load: no usable scheme, no host, a port out of range, user-info, a query.
 _BAD_ENDPOINTS = st.sampled_from(
-    ["", "0", "ftp://objects.example", "https://", "http://h:99999", "http://h:0", "https://u:p@h", "http://h/?q=1"]
+    [
+        "",
+        "0",
+        "ftp://objects.example",
+        "https://",
+        "http://h:99999",
+        "http://h:0",
+        "https://u:p@h",
+        "http://h/?q=1",
+    ]
 )
 _VAR_NAMES = _TEXT.filter(lambda t: "=" not in t and "\0" not in t)
 _SECRET_PATHS = _TEXT.filter(lambda t: bool(t.strip("/")))
@@ -603,9 +612,7 @@ def defective_saves(draw: st.DrawFn) -> bytes:
     save = draw(short_saves())
     parts = save.split("/")
     at = draw(st.integers(0, len(parts)))
-    kind = draw(
-        st.sampled_from(_SAVE_DEFECTS)
-    )
+    kind = draw(st.sampled_from(_SAVE_DEFECTS))
     if kind in {"pub", "pins"}:
         return kind.encode()
     if kind in {"pub-inside", "pins-inside"}:

@@ -212,9 +212,7 @@ class ReplicationMetrics:
         self._present = counter("files_present", "Files found already durable and not copied again.")
         self._passes = counter("passes", "Passes that ended, successful or not.")
         self._failures = counter("pass_failures", "Passes that failed (the next pass retries).")
-        self._verification = counter(
-            "verification_failures", "Passes failed by a copy that did not verify."
-        )
+        self._verification = counter("verification_failures", "Passes failed by a copy that did not verify.")
         self._pending = gauge("entries_pending", "Fast entries not yet durable after the last pass.")
         self._lag_steps = gauge("lag_steps", "Steps between the two roots' greatest entries.")
         lag_seconds = gauge("lag_seconds", "Seconds the oldest entry not yet durable has waited (0: none).")

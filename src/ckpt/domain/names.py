@@ -55,7 +55,9 @@ __all__ = [
 ]
 
 MAX_NAME_BYTES = 255  # POSIX NAME_MAX
-_PREFIX_LEN = 42  # "<20 digits>-<20 digits>-"
+_NUMBER_DIGITS = 20  # an epoch or a step, zero-padded
+_STEP_AT = _NUMBER_DIGITS + 1  # where a name's step starts, after "<epoch>-"
+_PREFIX_LEN = 2 * _STEP_AT  # "<20 digits>-<20 digits>-"
 MAX_B32_CHARS = MAX_NAME_BYTES - _PREFIX_LEN  # 213 characters of base32 ...
 MAX_SAVE_BYTES = MAX_B32_CHARS * 5 // 8  # ... hold at most 133 bytes of save path
 
@@ -72,7 +74,7 @@ def _u64_pattern() -> str:
     for i, digit in enumerate(_MAX_U64_TEXT):
         if digit != "0":
             smaller = "0" if digit == "1" else f"0-{int(digit) - 1}"
-            rest = 19 - i
+            rest = _NUMBER_DIGITS - 1 - i
             options.append(f"{_MAX_U64_TEXT[:i]}[{smaller}]" + (f"[0-9]{{{rest}}}" if rest else ""))
     options.append(_MAX_U64_TEXT)
     return "(?:" + "|".join(options) + ")"
@@ -123,7 +125,7 @@ def parse_entry_name(name: str) -> Entry:
     if not require_str(name, "entry name").isascii() or len(name) > MAX_NAME_BYTES:
         raise _malformed(name, "not an ASCII name of at most 255 bytes")
     parts = name.split("-", 2)
-    if len(parts) != 3 or len(parts[0]) != 20 or len(parts[1]) != 20:
+    if len(parts) != 3 or len(parts[0]) != _NUMBER_DIGITS or len(parts[1]) != _NUMBER_DIGITS:
         raise _malformed(name, "expected <20-digit epoch>-<20-digit step>-<base32 save>")
     epoch_text, step_text, b32 = parts
     for text, what in ((epoch_text, "epoch"), (step_text, "step")):
@@ -190,7 +192,7 @@ def encode_save_bytes(raw: bytes) -> str:
 # compile and to run.
 _PREFIX = itemgetter(slice(0, _PREFIX_LEN))
 _DIGITS_AS_ZERO = str.maketrans("123456789", "0" * 9)
-_PREFIX_SHAPE = ("0" * 20 + "-") * 2
+_PREFIX_SHAPE = ("0" * _NUMBER_DIGITS + "-") * 2
 
 
 @functools.cache
@@ -289,7 +291,7 @@ def _numbers(names: Sequence[str]) -> str | None:
     shape = _CHUNK_PREFIX_SHAPE if count == _CHUNK else _PREFIX_SHAPE * count
     if prefixes.translate(_DIGITS_AS_ZERO) != shape:
         return None
-    leading = prefixes[0::_PREFIX_LEN] + prefixes[21::_PREFIX_LEN]  # each number's first digit
+    leading = prefixes[0::_PREFIX_LEN] + prefixes[_STEP_AT::_PREFIX_LEN]  # each number's first digit
     if leading.count("0") != 2 * count and _prefixes_u64().fullmatch(prefixes) is None:
         return None
     return prefixes

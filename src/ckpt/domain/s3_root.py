@@ -52,6 +52,7 @@ class S3Root:
         """The root in its canonical form: ``s3://bucket`` or ``s3://bucket/prefix``."""
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
+
 def _bucket_error(bucket: str) -> str | None:
     if not 3 <= len(bucket) <= 63:
         return f"bucket name {bucket!r} must be 3 to 63 characters long"

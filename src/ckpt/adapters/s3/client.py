@@ -32,6 +32,7 @@ __all__ = ["S3Connection", "connect_s3", "create_s3_client", "make_s3_client"]
 
 _DEFAULT_REGION = "us-east-1"
 
+
 class S3Connection:
     """How :func:`make_s3_client` connected: the endpoint, the proxy routes taken, the signing credentials.
 

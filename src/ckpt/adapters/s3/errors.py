@@ -53,6 +53,7 @@ def client_error_code(exc: Any) -> tuple[str, int]:
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
     return code, status if isinstance(status, int) else 0
 
+
 # S3 error code -> (kind, why). The kind picks our error class; the text says what it means for the operator.
 _CLIENT_CODES: dict[str, tuple[str, str]] = {
     "NoSuchBucket": ("missing-bucket", "the bucket does not exist"),

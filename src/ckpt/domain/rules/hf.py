@@ -61,9 +61,7 @@ class HfRule:
         tails: tuple[str, ...] = ()
         if ranks and files is not None:
             sizes = {f.path: f.size for f in files}
-            tails = tuple(
-                in_save(save, n) for n in ranks if n in sizes and sizes[n] <= RNG_STATE_MAX_BYTES
-            )
+            tails = tuple(in_save(save, n) for n in ranks if n in sizes and sizes[n] <= RNG_STATE_MAX_BYTES)
         return Needs(
             listing=bool(ranks),
             exists=(in_save(save, INCOMPLETE_SENTINEL),),
