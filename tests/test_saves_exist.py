@@ -25,6 +25,7 @@ from ckpt.adapters.posix import PosixStore
 from ckpt.application.catchup import catch_up
 from ckpt.application.verify import MISSING_FOLDER, Verified, resolve_verified
 from ckpt.application.watcher import Watcher
+from ckpt.domain.manifest import RESTORING, RESTORING_NAME
 from ckpt.domain.rules import BUILTIN, Rule, builtin_rule, parse_custom_rules
 from ckpt.domain.rules.presence import EMPTY_FILE, EMPTY_FOLDER
 from support.fixtures import HARNESS_FACTORIES
@@ -215,6 +216,61 @@ class TestWatcherAndCatchUp:
         caught = catch_up(store, rule_for("nemo-folder"), attempt="2.4102.0", epoch=2, settle=0.0)
         assert [e.save for e in caught.published] == []  # step 7 was already published; 9 is empty
         assert [e.save for e in store.entries()] == [f"exec/{earlier}/model-step=7.ckpt"]
+
+
+FOLDER_CASES = sorted(
+    c for c, (_, layout, gone) in LAYOUTS.items() if any(p.startswith(f"{gone}/") for p in layout)
+)
+
+
+class TestRestoreMark:
+    """spec/watcher.md §2.6a, tiered.md §6.3a: on POSIX, a folder save holding the restore's mark is never
+    complete, whatever its rule finds; without the mark the same folder is (S3 pays nothing: TestCost)."""
+
+    @staticmethod
+    def _marked(tmp_path: Path, case: str, attempt: str = ATTEMPT) -> tuple[PosixStore, Path]:
+        store = PosixStore(str(tmp_path))
+        name, layout, _ = LAYOUTS[case]
+        for path, data in layout.items():
+            Path(store.exec_dir(attempt), path).parent.mkdir(parents=True, exist_ok=True)
+            Path(store.exec_dir(attempt), path).write_bytes(data)
+        mark = Path(store.exec_dir(attempt), name, RESTORING_NAME)
+        mark.write_bytes(b"")
+        return store, mark
+
+    @pytest.mark.parametrize("case", FOLDER_CASES)
+    def test_verified_resolve_passes_over_a_marked_folder(self, tmp_path: Path, case: str) -> None:
+        store, mark = self._marked(tmp_path, case)
+        entry = store.publish(1, 5, str(mark.parent))
+        assert resolve_verified(store, rule_for(case)) == Verified(None, ((entry, RESTORING),))
+        mark.unlink()
+        assert resolve_verified(store, rule_for(case)) == Verified(entry, ())
+
+    @pytest.mark.parametrize("case", FOLDER_CASES)
+    def test_the_watcher_publishes_a_marked_folder_only_once_the_mark_is_gone(
+        self, tmp_path: Path, case: str
+    ) -> None:
+        store, mark = self._marked(tmp_path, case)
+        watcher = Watcher(store, rule_for(case), store.exec_dir(ATTEMPT), 1, interval=1.0, settle=0.0)
+        assert watcher.scan() == []
+        assert store.entries() == []
+        mark.unlink()
+        assert [e.save for e in watcher.scan()] == [f"{EXEC}/{mark.parent.name}"]
+
+    def test_catch_up_passes_over_a_marked_folder_of_an_execution_whose_epoch_is_known(
+        self, tmp_path: Path
+    ) -> None:
+        earlier = "1.4101.0"
+        store, mark = self._marked(tmp_path, "hf", earlier)
+        older = Path(store.exec_dir(earlier), "checkpoint-3")
+        older.mkdir()
+        (older / "trainer_state.json").write_bytes(b'{"global_step": 3}')
+        store.publish(1, 3, str(older))  # learns the epoch
+        caught = catch_up(store, rule_for("hf"), attempt="2.4102.0", epoch=2, settle=0.0)
+        assert caught.published == ()
+        mark.unlink()
+        caught = catch_up(store, rule_for("hf"), attempt="2.4102.0", epoch=2, settle=0.0)
+        assert [e.save for e in caught.published] == [f"exec/{earlier}/checkpoint-5"]
 
 
 class TestCost:

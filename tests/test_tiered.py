@@ -25,7 +25,14 @@ import pytest
 
 import ckpt
 from ckpt.adapters.s3 import BucketSettings, S3Store, make_s3_client
-from ckpt.domain.manifest import MANIFEST_NAME, Listed, decode_manifest, verify_listing
+from ckpt.domain.manifest import (
+    MANIFEST_NAME,
+    RESTORING,
+    RESTORING_NAME,
+    Listed,
+    decode_manifest,
+    verify_listing,
+)
 from support.rgw import KMS_KEY_ID, STORAGE_CLASS
 from support.s3 import FAKE_ENV, http_settings, new_bucket_name, raw_client, serve_moto
 
@@ -159,6 +166,88 @@ class TestReplicatePosix:
         assert [p["entry"]["step"] for p in document["passed"]] == [100]
         assert "passed over" in result.stderr
 
+    @pytest.mark.parametrize("name", [b"notes\xff.txt", b"tab\there.txt"])
+    def test_a_save_with_a_name_no_manifest_can_list_is_passed_over(
+        self, tmp_path: Path, name: bytes
+    ) -> None:
+        """tiered.md §2.5a: a save holding a file named with a byte that is not UTF-8, or a control character,
+        is passed over with the reason before anything of it is copied, and the next save is replicated."""
+        fast, durable = tmp_path / "fast", tmp_path / "durable"
+        durable.mkdir()
+        odd = hf_save(fast, "a", 100)
+        with open(os.path.join(os.fsencode(odd), name), "wb") as f:
+            f.write(b"notes")
+        publish(fast, 5, 100, odd)
+        publish(fast, 5, 200, hf_save(fast, "a", 200))
+        passed = []
+        for _ in range(2):  # the second pass neither stops at it nor copies it: it is older than 200 (§2.1)
+            result = run("--json", "--root", str(fast), "replicate", "--to", str(durable), "--once")
+            assert result.returncode == 0, result.stderr
+            document = json.loads(result.stdout)
+            passed.append([(p["entry"]["step"], p["reason"].split(":")[0]) for p in document["passed"]])
+        assert passed == [[(100, f"file {os.fsdecode(name)!r} cannot be listed in a manifest")], []]
+        assert entries(str(durable)) == [f"5 200 {durable}/exec/a/checkpoint-200"]
+        assert not (durable / "exec" / "a" / "checkpoint-100").exists()
+
+    def test_a_folder_of_the_save_that_cannot_be_read_fails_the_entry(self) -> None:
+        """tiered.md §2.2 step 1: a sub-folder the replicator may not list fails the entry (exit 1, nothing
+        published), never a durable copy and manifest without it. Run as an unprivileged user when the tests
+        run as root (root reads any folder)."""
+        import tempfile
+
+        top = Path(tempfile.mkdtemp(prefix="ckpt-unreadable-", dir="/tmp"))
+        fast, durable = top / "fast", top / "durable"
+        save = hf_save(fast, "a", 100)
+        locked = save / "sub"
+        try:
+            publish(fast, 5, 100, save)
+            durable.mkdir()
+            for folder in (top, durable):
+                folder.chmod(0o777)
+            locked.chmod(0)
+            # As root, a first pass over another pair of roots loads every module the command imports
+            # lazily (the interpreter's own library may be readable by root alone); then it drops to nobody.
+            warm_fast, warm_durable = top / "warm-fast", top / "warm-durable"
+            publish(warm_fast, 1, 1, hf_save(warm_fast, "a", 1))
+            warm_durable.mkdir()
+            script = (
+                "import json, os, sys\n"
+                "from ckpt.cli import main\n"
+                "warm, args = map(json.loads, sys.argv[1:])\n"
+                "if os.getuid() == 0:\n"
+                "    assert main(warm) == 0\n"
+                "    os.setgid(65534)\n"
+                "    os.setuid(65534)\n"
+                "sys.exit(main(args))\n"
+            )
+            commands = [
+                json.dumps(["--root", str(root), "replicate", "--to", str(to), "--once"])
+                for root, to in ((warm_fast, warm_durable), (fast, durable))
+            ]
+            result = subprocess.run(
+                [sys.executable, "-c", script, *commands],
+                capture_output=True,
+                text=True,
+                env={
+                    **{
+                        k: v
+                        for k, v in os.environ.items()
+                        if not k.startswith(("CKPT_", "DISPATCH_", "AWS_"))
+                    },
+                    **KEYS,
+                    "PYTHONPATH": os.pathsep.join([SRC, TESTS]),
+                },
+                timeout=120,
+                check=False,
+            )
+            assert result.returncode == 1, result.stderr
+            assert f"cannot list {str(locked)!r}: Permission denied" in result.stderr
+            assert not (durable / "pub").exists() or not any((durable / "pub").iterdir())
+            assert not (durable / "exec" / "a" / "checkpoint-100" / MANIFEST_NAME).exists()
+        finally:
+            locked.chmod(0o755)
+            shutil.rmtree(top)
+
     def test_a_failed_copy_publishes_nothing_exits_1_and_reports_what_is_not_durable(
         self, roots: tuple[Path, Path]
     ) -> None:
@@ -268,13 +357,17 @@ class TestKilledReplicator:
         assert lines == [f"ckpt: not yet durable: {fast}/exec/a/checkpoint-{s}" for s in (100, 200)]
 
 
+# What a restore installs in the fast save, in order: its mark (§6.3), each file, then the manifest.
+RESTORE_INSTALLS = FILES_PER_SAVE + 2
+
+
 class TestKilledRestore:
-    @pytest.mark.parametrize("boundary", range(1, FILES_PER_SAVE + 1))
+    @pytest.mark.parametrize("boundary", range(1, RESTORE_INSTALLS + 1))
     def test_killed_after_each_restored_file_the_rerun_restores_and_publishes(
         self, roots: tuple[Path, Path], boundary: int
     ) -> None:
-        """SIGKILL after the n-th file installed in the fast root: no fast entry names the half-restored
-        save; the next resume restores it whole and publishes it once."""
+        """SIGKILL after the n-th file installed in the fast root (the mark, each file, the manifest): no
+        fast entry names the half-restored save; the next resume restores it whole and publishes it once."""
         fast, durable = roots
         assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
         expected = files_of(fast / "exec" / "a" / "checkpoint-200")
@@ -290,6 +383,109 @@ class TestKilledRestore:
         assert (result.returncode, result.stdout) == (0, f"{restored}\n"), result.stderr
         assert files_of(restored) == expected
         assert entries(str(fast)) == [f"5 200 {restored}"]
+
+
+class TestUnfinishedRestore:
+    """tiered.md §6.3, §8.3: a restore marks the fast save folder before its first file and unmarks it after
+    the manifest, so a restore that failed or was killed leaves a folder no path calls a complete save:
+    not catch-up, not a resume without the durable root, not ``resume_location``, not the replicator."""
+
+    def test_a_restore_that_fails_verification_leaves_nothing_catch_up_publishes(
+        self, roots: tuple[Path, Path]
+    ) -> None:
+        """The newest durable copy's model does not verify, after its other files did: the restore of the
+        older one publishes exec/a on the fast root, so the next resume's catch-up judges the torn folder
+        of the newer one; its mark keeps it from being published and resumed from."""
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        model = durable / "exec" / "a" / "checkpoint-200" / "model.safetensors"
+        data = bytearray(model.read_bytes())
+        data[1000] ^= 0xFF  # same size: only the restore's digest finds it
+        model.write_bytes(bytes(data))
+        shutil.rmtree(fast)
+        older, torn = (fast / "exec" / "a" / f"checkpoint-{s}" for s in (100, 200))
+        first = resume(fast, str(durable), "b", 6)
+        assert (first.returncode, first.stdout) == (0, f"{older}\n"), first.stderr
+        assert (torn / RESTORING_NAME).is_file()
+        assert (torn / "trainer_state.json").is_file()  # the rule's marker alone would call it complete
+        for attempt, epoch in (("c", 7), ("d", 8)):
+            again = resume(fast, str(durable), attempt, epoch)
+            assert (again.returncode, again.stdout) == (0, f"{older}\n"), again.stderr
+        found = ckpt.resume_location("hf", settle=0, root=str(fast), epoch=9, attempt="e", environ={})
+        assert found == str(older)
+        assert entries(str(fast)) == [f"5 100 {older}"]
+
+    @pytest.mark.parametrize("boundary", range(1, RESTORE_INSTALLS + 1))
+    def test_killed_restore_of_a_lost_save_whose_entry_remains(
+        self, roots: tuple[Path, Path], boundary: int
+    ) -> None:
+        """The fast entry of step 200 remains but its folder was lost; a restore into it is killed after each
+        install. Every path that resumes from the fast root alone passes the folder over as being restored
+        (the CLI, resume_location); the next resume with the durable root restores it whole."""
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        newest = fast / "exec" / "a" / "checkpoint-200"
+        older = fast / "exec" / "a" / "checkpoint-100"
+        expected = files_of(newest)
+        shutil.rmtree(newest)
+        env = {"TIERED_FAST_ROOT": str(fast), "DISPATCH_ATTEMPT": "b", "DISPATCH_EPOCH": "6"}
+        args = ("--root", str(fast), "resume", "--framework", "hf", "--durable", str(durable))
+        killed = run("kill-restore", str(boundary), *args, env=env, module="support.tiered_replicator")
+        assert killed.returncode == -9, killed.stderr
+        assert (newest / RESTORING_NAME).is_file()
+        env = {"DISPATCH_ATTEMPT": "c", "DISPATCH_EPOCH": "7"}
+        alone = run("--root", str(fast), "resume", "--framework", "hf", env=env)
+        assert (alone.returncode, alone.stdout) == (0, f"{older}\n"), alone.stderr
+        skipped = [line for line in alone.stderr.splitlines() if line.startswith(f"ckpt: skipped {newest}: ")]
+        if boundary > FILES_PER_SAVE:  # every file is in: only the mark tells the folder from a save
+            assert (newest / "trainer_state.json").is_file()
+        if (newest / "trainer_state.json").is_file():
+            assert skipped == [f"ckpt: skipped {newest}: {RESTORING}"], alone.stderr
+        else:
+            assert skipped == [f"ckpt: skipped {newest}: no trainer_state.json"], alone.stderr
+        found = ckpt.resume_location("hf", settle=0, root=str(fast), epoch=8, attempt="d", environ={})
+        assert found == str(older)
+        result = resume(fast, str(durable), "e", 9)
+        assert (result.returncode, result.stdout) == (0, f"{newest}\n"), result.stderr
+        assert files_of(newest) == expected
+        assert not (newest / RESTORING_NAME).exists()
+        assert entries(str(fast)) == [f"5 100 {older}", f"5 200 {newest}"]
+
+    def test_a_fast_save_holding_the_mark_is_not_replicated(self, tmp_path: Path) -> None:
+        """With or without a rule, the replicator passes over a published fast save that holds the mark."""
+        fast, durable = tmp_path / "fast", tmp_path / "durable"
+        durable.mkdir()
+        marked = hf_save(fast, "a", 100)
+        (marked / RESTORING_NAME).write_bytes(b"")
+        publish(fast, 5, 100, marked)
+        publish(fast, 5, 200, hf_save(fast, "a", 200))
+        for rule in ((), ("--framework", "hf")):
+            result = run("--json", "--root", str(fast), "replicate", "--to", str(durable), "--once", *rule)
+            assert result.returncode == 0, result.stderr
+            document = json.loads(result.stdout)
+            assert [(p["entry"]["step"], p["reason"]) for p in document["passed"]] == [(100, RESTORING)]
+            shutil.rmtree(durable)
+            durable.mkdir()
+        assert not (durable / "exec").exists()
+
+    def test_a_restore_never_writes_through_a_link_in_the_fast_save(self, roots: tuple[Path, Path]) -> None:
+        """A folder of the fast save that is a link (here to a folder outside the fast root) stops the
+        restore of that save: nothing is written through it, and the next older copy is used."""
+        fast, durable = roots
+        assert run("--root", str(fast), "replicate", "--to", str(durable), "--once").returncode == 0
+        shutil.rmtree(fast)
+        outside = fast.parent / "outside"
+        outside.mkdir()
+        newest = fast / "exec" / "a" / "checkpoint-200"
+        newest.mkdir(parents=True)
+        (newest / "sub").symlink_to(outside)
+        result = resume(fast, str(durable), "b", 6)
+        older = fast / "exec" / "a" / "checkpoint-100"
+        assert (result.returncode, result.stdout) == (0, f"{older}\n"), result.stderr
+        link = newest / "sub"
+        assert f"cannot write under {str(link)!r}: it is a symbolic link" in result.stderr
+        assert list(outside.iterdir()) == []
+        assert entries(str(fast)) == [f"5 100 {older}"]
 
 
 class TestParallelRestore:
@@ -580,7 +776,8 @@ def s3(
 class TestKilledRestoreS3:
     """On moto's server and on Ceph RGW (``s3``): TestKilledRestore's restore, from an S3 durable root."""
 
-    @pytest.mark.parametrize("boundary", range(1, FILES_PER_SAVE + 1))
+    # The restore's first install is its mark (§6.3): the n-th file is install n + 1.
+    @pytest.mark.parametrize("boundary", range(2, FILES_PER_SAVE + 2))
     def test_killed_after_each_restored_file_the_rerun_restores_it_whole(
         self, tmp_path: Path, s3: tuple[Any, str, str], boundary: int
     ) -> None:

@@ -22,6 +22,10 @@ Rules:
    once more. :func:`judge` and :func:`judge_for_watch` both apply it, so verified resolve, the watcher and
    catch-up never hand out a save that is gone or empty, whatever the rule; :func:`gather_view` alone does
    not (it only reads what the rule asks for).
+5. A folder save that a restore is filling (it holds :data:`~ckpt.domain.manifest.RESTORING_NAME`, spec/
+   tiered.md §6.3) is never complete, whatever the rule found: checked after the rule passes, by one
+   ``is_file``, and only through a reader that says it ``holds_restores`` (POSIX: a restore writes only
+   into a fast root, never into S3), so that no request is spent where no restore can be.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ckpt.domain.manifest import RESTORING, RESTORING_NAME
 from ckpt.domain.ports import FileInfo, WatchStore
 from ckpt.domain.rules import TAIL_BYTES, Item, Kind, Rule, Save, SaveView, Tail
 from ckpt.domain.rules.presence import absence_reason, shows_content
@@ -89,11 +94,15 @@ def _with_second_reads(
 
 
 def _judged(rule: Rule, save: Save, items: Sequence[Item], reader: TreeReader) -> tuple[SaveView, str | None]:
-    """Gather and judge one save, then check that a save the rule passes holds something (rule 4)."""
+    """Gather and judge one save, then check that a save the rule passes is not being restored (rule 5) and
+    holds something (rule 4)."""
     view = gather_view(rule, save, items, reader)
     reason = rule.judge(view)
     if reason is not None:
         return view, reason
+    restorable = save.kind is Kind.FOLDER and getattr(reader, "holds_restores", False)
+    if restorable and reader.is_file(f"{save.name}/{RESTORING_NAME}"):
+        return view, RESTORING
     if shows_content(view) is None:
         if save.kind is Kind.FOLDER:
             view = attrs.evolve(view, files=tuple(reader.files(save.name)))

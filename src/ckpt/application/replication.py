@@ -11,7 +11,9 @@ Rules:
 2. ``stop()`` is asked before every file: when it answers True the pass ends after the file being copied,
    publishing nothing more; the entries not yet durable come back in ``pending`` (§7.1).
 3. A failure of one entry (a ``CkptError``) ends the pass there: the entry and every later one are
-   ``pending`` and the failure is reported; a save that is gone or incomplete under the rule is ``passed``.
+   ``pending`` and the failure is reported; a save that is gone or incomplete under the rule is ``passed``,
+   and so is one holding a file a manifest cannot list (its path not UTF-8, or with a control character),
+   found before anything of it is copied: no later pass could copy it, so it must not hold back the rest.
 4. :func:`restore_newer` walks the durable entries from the greatest down while they are greater than the
    fast candidate, takes the first whose save is complete under the rule on the durable root and verifies
    against its manifest, restores it into the fast root (each file verified against the manifest) and
@@ -27,7 +29,10 @@ Rules:
 7. A restore fetches, verifies and installs up to ``files_in_flight`` files of the save at once
    (:data:`RESTORE_FILES_IN_FLIGHT`); the first that does not verify, or fails, lets those in flight finish
    and begins no other; the manifest and the fast entry are written only once every file is installed.
-   The temporary files a restore killed with files in flight left in the save are removed first.
+   The temporary files a restore killed with files in flight left in the save are removed first. The
+   save's folder carries the restore's mark (``FastFiles.begin_restore``) from before its first file until
+   after the manifest: a restore that fails or is killed leaves it, and no judge calls such a folder
+   complete; a fast save holding the mark is never replicated (it is ``passed``).
 """
 
 from __future__ import annotations
@@ -45,10 +50,13 @@ from ckpt.domain.entries import Entry
 from ckpt.domain.errors import CkptError, ExistsError, VerificationError
 from ckpt.domain.manifest import (
     MANIFEST_NAME,
+    RESTORING,
+    RESTORING_NAME,
     Manifest,
     ManifestFile,
     decode_manifest,
     encode_manifest,
+    path_problem,
     verify_listing,
 )
 from ckpt.domain.ports import WatchStore
@@ -170,6 +178,15 @@ def _each(
         return [f.result() for f in futures]
 
 
+def _unlisted_name(files: Iterable[str]) -> str | None:
+    """Why a manifest could not list one of these paths (spec/tiered.md §2.5a), checked before any copy."""
+    for path in files:
+        problem = path_problem(path)
+        if problem is not None:
+            return f"file {path!r} cannot be listed in a manifest: its path {problem}"
+    return None
+
+
 def _copy_save(
     fast_files: FastFiles,
     durable_files: DurableFiles,
@@ -241,7 +258,14 @@ def replicate(
             if listing is None:
                 tally.passed.append((entry, MISSING_SAVE))
                 continue
+            if any(item.path == RESTORING_NAME for item in listing):
+                tally.passed.append((entry, RESTORING))  # a restore's unfinished work is no save (§6.3)
+                continue
             files = [item.path for item in listing if item.path != MANIFEST_NAME]
+            unnamed = _unlisted_name(files)
+            if unnamed is not None:
+                tally.passed.append((entry, unnamed))  # never replicable: no later pass could do better
+                continue
             manifest = _copy_save(
                 fast_files,
                 durable_files,
@@ -358,11 +382,13 @@ def _restore(
             raise _NotVerified(problem)
 
     fast_files.sweep(entry.save)  # what a restore killed with files in flight left (§6.3)
+    fast_files.begin_restore(entry.save)  # until the end, no judge calls the folder complete (§6.3)
     try:
         _each(install, list(expected), in_flight=in_flight, stop=lambda: False)
     except _NotVerified as exc:
-        return str(exc)
+        return str(exc)  # the mark stays: what was installed is no save (§8.3)
     fast_files.write_small(entry.save, MANIFEST_NAME, encode_manifest(manifest))
+    fast_files.end_restore(entry.save)
     with contextlib.suppress(ExistsError):  # published before, its save lost with the disk (§6.3)
         fast.publish(entry.epoch, entry.step, fast.location(entry))
     return None

@@ -32,6 +32,8 @@ __all__ = [
     "ALGORITHM",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
+    "RESTORING",
+    "RESTORING_NAME",
     "Listed",
     "Manifest",
     "ManifestError",
@@ -42,6 +44,10 @@ __all__ = [
 ]
 
 MANIFEST_NAME = ".ckpt-manifest.json"
+# The mark a restore leaves in a fast save folder while it fills it (spec/tiered.md §6.3): a folder holding
+# it is no complete save under any rule, however whole its markers look, until the restore removes it.
+RESTORING_NAME = ".ckpt-restoring"
+RESTORING = f"being restored from the durable root ({RESTORING_NAME} is there)"
 ALGORITHM = "sha256"
 VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20  # the store's read cap (spec/watcher.md): millions of files

@@ -163,6 +163,15 @@ class FastFiles(Protocol):
         several files were in flight, spec/tiered.md §6.3); return how many. Nothing else is touched."""
         ...
 
+    def begin_restore(self, save: str) -> None:
+        """Create the save's folder and the mark ``RESTORING_NAME`` in it, durably, before a restore writes
+        any file there (spec/tiered.md §6.3): until :meth:`end_restore`, no judge calls the save complete."""
+        ...
+
+    def end_restore(self, save: str) -> None:
+        """Remove the restore's mark from the save, durably; a mark already gone is no error."""
+        ...
+
 
 @runtime_checkable
 class DurableFiles(Protocol):

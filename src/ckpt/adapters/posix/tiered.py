@@ -8,7 +8,8 @@ Rules (docs/spec/tiered.md §4.2-§4.3):
    fsynced; folders created on the way are fsynced in their parents. A temporary file that does not verify
    is removed; one a killed process left stays (a durable root's goes with its save's prune, §4.2).
 2. Listings are of regular files (``lstat``: no link is followed), sorted by path; temporary files are no
-   part of a save and are left out. A missing save lists as ``None`` (fast) or nothing (durable).
+   part of a save and are left out. A missing save lists as ``None`` (fast) or nothing (durable). A folder
+   of the save that cannot be listed fails the listing (rule 4): a save without it is never listed.
 3. The SHA-256 a POSIX durable root records for a file is the one read back from it.
 4. A failing system call is a ``StorageError`` naming the file and what the system said.
 5. With ``max_bandwidth`` (bytes per second) the copies into this root (``put``: replication) are read
@@ -16,6 +17,10 @@ Rules (docs/spec/tiered.md §4.2-§4.3):
    (spec/tiered.md §12.3); restores out of it (``fetch``) are never slowed.
 6. ``sweep`` removes the temporary files of rule 1 that a killed restore left in a fast save, before the
    save is restored into again (spec/tiered.md §6.3).
+7. Nothing is written through a link: every folder between the root and a file written is a real folder
+   (``lstat``), or the write is a ``StorageError`` naming the link; the root's own path may hold links.
+8. ``begin_restore`` creates the save's folder and the mark ``RESTORING_NAME`` in it, each durably, before
+   a restore writes any file there; ``end_restore`` removes the mark, durably (spec/tiered.md §6.3).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ckpt.domain.errors import StorageError, VerificationError
-from ckpt.domain.manifest import Listed
+from ckpt.domain.manifest import RESTORING_NAME, Listed
 from ckpt.domain.tiered_ports import Stored, TokenBucket
 
 __all__ = ["PosixTierFiles", "make_dirs", "sha256_of"]
@@ -47,6 +52,8 @@ def _storage(action: str, path: str) -> Iterator[None]:
     """Rule 4: an ``OSError`` inside becomes a ``StorageError`` naming ``path``."""
     try:
         yield
+    except StorageError:
+        raise  # already names its path (a StorageError is an OSError too)
     except OSError as exc:
         raise StorageError(f"cannot {action} {path!r}: {exc.strerror or exc}", location=path) from None
 
@@ -60,6 +67,12 @@ def sha256_of(path: str) -> str:
     return digest.hexdigest()
 
 
+def _raise(exc: OSError) -> None:
+    """``os.walk``'s error handler: a folder that cannot be listed is an error, never a save without it."""
+    where = os.fsdecode(exc.filename) if exc.filename is not None else "a folder of the save"
+    raise StorageError(f"cannot list {where!r}: {exc.strerror or exc}", location=where) from None
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -68,8 +81,14 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def make_dirs(path: str) -> None:
-    """Create ``path`` and its missing parents, each fsynced in its parent (rule 1)."""
+def make_dirs(path: str, *, within: str | None = None) -> None:
+    """Create ``path`` and its missing parents, each fsynced in its parent (rule 1).
+
+    With ``within`` (a folder ``path`` lies under), every folder below it must be a real one, not a link
+    (rule 7): ``StorageError`` names the first that is not.
+    """
+    if within is not None:
+        _no_link_below(within, path)
     missing = []
     while not os.path.isdir(path):
         missing.append(path)
@@ -81,6 +100,28 @@ def make_dirs(path: str) -> None:
             if not os.path.isdir(folder):
                 raise
         _fsync_dir(os.path.dirname(folder))
+
+
+def _no_link_below(top: str, path: str) -> None:
+    """Rule 7: each existing folder from below ``top`` down to ``path`` is a real folder."""
+    relative = os.path.relpath(path, top)
+    if relative == os.curdir:
+        return
+    if relative.startswith(os.pardir):
+        raise StorageError(f"cannot write {path!r}: it is not under {top!r}", location=path)
+    here = top
+    for part in relative.split(os.sep):
+        here = os.path.join(here, part)
+        try:
+            info = os.lstat(here)
+        except FileNotFoundError:
+            return  # the rest is created here, as folders
+        if not stat.S_ISDIR(info.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a folder"
+            raise StorageError(
+                f"cannot write under {here!r}: it is {kind}, and nothing is written through one",
+                location=here,
+            )
 
 
 class PosixTierFiles:
@@ -128,7 +169,7 @@ class PosixTierFiles:
     @staticmethod
     def _files(top: str) -> list[Listed]:
         found: list[Listed] = []
-        for folder, dirs, names in os.walk(top):
+        for folder, dirs, names in os.walk(top, onerror=_raise):  # a folder it cannot read fails the listing
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
             for name in names:
                 full = os.path.join(folder, name)
@@ -143,10 +184,9 @@ class PosixTierFiles:
         with _storage("write", final):
             return self._install(final, path, write, sha256)
 
-    @staticmethod
-    def _install(final: str, path: str, write: Callable[[str], None], sha256: str) -> str | None:
+    def _install(self, final: str, path: str, write: Callable[[str], None], sha256: str) -> str | None:
         folder, name = os.path.split(final)
-        make_dirs(folder)
+        make_dirs(folder, within=self.root)
         temp = os.path.join(folder, f".{name}.ckpt-tmp-{os.urandom(8).hex()}")
         try:
             write(temp)
@@ -205,6 +245,21 @@ class PosixTierFiles:
                 if temps:
                     _fsync_dir(folder)
         return removed
+
+    def begin_restore(self, save: str) -> None:
+        """Rule 8: the save's folder (and its parents) and the mark in it, each fsynced."""
+        top = self._path(save)
+        with _storage("mark", top):
+            make_dirs(top, within=self.root)
+        self.write_small(save, RESTORING_NAME, b"")
+
+    def end_restore(self, save: str) -> None:
+        """Rule 8: remove the mark, fsynced (a mark already gone: another restore of the save ended first)."""
+        top = self._path(save)
+        with _storage("unmark", top):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(top, RESTORING_NAME))
+            _fsync_dir(top)
 
     # -- DurableFiles -------------------------------------------------------------------------------------
 
