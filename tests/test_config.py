@@ -32,12 +32,51 @@ class TestS3Timings:
             parse_config({"s3": {key: value}})
         assert caught.value.key == f"s3.{key}"
 
+    @pytest.mark.parametrize(
+        "key", ["connect_timeout", "read_timeout", "refresh_seconds", "max_staleness_seconds"]
+    )
+    @pytest.mark.parametrize("value", [10**400, -(10**400)])
+    def test_integers_too_large_for_a_float_are_refused_not_a_crash(self, key: str, value: int) -> None:
+        """TOML integers have no size limit: a 401-digit one is a ConfigError naming the key and cut short in
+        the message, never an OverflowError from converting it first."""
+        with pytest.raises(ConfigError, match=f"^s3.{key} must be a number of seconds above 0") as caught:
+            parse_config({"s3": {key: value}})
+        assert caught.value.key == f"s3.{key}"
+        assert len(str(caught.value)) < 200
+
     def test_the_longest_accepted_duration_loads(self) -> None:
         """MAX_SECONDS itself is accepted, as a float."""
         assert (
             parse_config({"s3": {"max_staleness_seconds": MAX_SECONDS}}).s3.max_staleness_seconds
             == MAX_SECONDS
         )
+
+
+class TestRepr:
+    def test_a_configs_repr_shows_no_secret(self) -> None:
+        """errors.md §3.2: the proxy URLs' passwords, every value of the credential tables and the user-info
+        of the root stay out of repr(Config) (an endpoint with user-info is refused when parsed)."""
+        config = parse_config(
+            {
+                "root": "s3://AKIAROOTKEY:root-secret@bucket/run",
+                "proxy": {"https_proxy": "http://alice:Pr0xyPassw0rd@proxy.example:3128"},
+                "credentials": [
+                    {
+                        "source": "vault",
+                        "address": "https://vault.example:8200",
+                        "path": "s3/team",
+                        "auth": {"method": "approle", "role_id": "ROLE-ID-1", "secret_id": "SECRET-ID-2"},
+                    },
+                    {"source": "file", "dir": "/var/run/secrets/s3"},
+                ],
+            }
+        )
+        shown = repr(config)
+        for secret in ("root-secret", "AKIAROOTKEY", "Pr0xyPassw0rd", "ROLE-ID-1", "SECRET-ID-2"):
+            assert secret not in shown
+        assert "'vault(address, auth, path, source)'" in shown
+        assert "http://alice:***@proxy.example:3128" in shown
+        assert config.proxy == {"https_proxy": "http://alice:Pr0xyPassw0rd@proxy.example:3128"}  # kept
 
 
 class TestEndpointUrl:
@@ -124,6 +163,17 @@ class TestLoadConfig:
             load_config(str(tmp_path / "a\nb.toml"))
         assert "\n" not in str(caught.value)
         assert "a\\nb.toml" in str(caught.value)
+
+    @pytest.mark.parametrize(
+        "deep", ["root = " + "[" * 5000 + "]" * 5000, "x = " + "{a = " * 3000 + "1" + "}" * 3000]
+    )
+    def test_nesting_too_deep_to_parse_is_refused_not_a_crash(self, tmp_path: Path, deep: str) -> None:
+        """A small file that nests arrays or inline tables thousands deep is a ConfigError, not the
+        RecursionError of the parser."""
+        path = tmp_path / "ckpt.toml"
+        path.write_text(deep + "\n")
+        with pytest.raises(ConfigError, match="nests arrays or tables too deeply to read"):
+            load_config(str(path))
 
     def test_a_directory_is_refused(self, tmp_path: Path) -> None:
         """A directory is not a configuration file."""

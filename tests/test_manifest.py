@@ -85,6 +85,16 @@ class TestValueTypes:
         with pytest.raises(ManifestError, match="twice"):
             Manifest.of([ManifestFile("a", 1, h), ManifestFile("a", 2, h)])
 
+    @pytest.mark.parametrize(
+        "deep", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000]
+    )
+    def test_nesting_deeper_than_the_parser_goes_is_not_json(self, deep: bytes) -> None:
+        """A manifest written to make the parser recurse (200 kB on a durable root anyone may write) is a
+        ManifestError with the not-json code, never a RecursionError that would end a resume."""
+        with pytest.raises(ManifestError, match="nests too deeply") as caught:
+            decode_manifest(deep)
+        assert caught.value.code == "not-json"
+
     def test_bad_file_values_name_the_path(self) -> None:
         with pytest.raises(ManifestError, match=r"'x'.*size"):
             ManifestFile("x", -1, "0" * 64)

@@ -590,7 +590,7 @@ class TestConcurrentReplicators:
 
 
 class TestCorruption:
-    @pytest.mark.parametrize("how", ["flipped-byte", "truncated", "manifest-missing"])
+    @pytest.mark.parametrize("how", ["flipped-byte", "truncated", "manifest-missing", "manifest-nested"])
     def test_a_corrupt_durable_copy_is_skipped_and_the_older_one_restored(
         self, roots: tuple[Path, Path], how: str
     ) -> None:
@@ -604,6 +604,8 @@ class TestCorruption:
             model.write_bytes(bytes(data))
         elif how == "truncated":
             model.write_bytes(bytes(data[:-1]))
+        elif how == "manifest-nested":
+            (newest / MANIFEST_NAME).write_bytes(b"[" * 100_000 + b"]" * 100_000)
         else:
             (newest / MANIFEST_NAME).unlink()
         expected = files_of(fast / "exec" / "a" / "checkpoint-100")
@@ -616,6 +618,7 @@ class TestCorruption:
             "flipped-byte": "sha256",
             "truncated": "bytes, the manifest says",
             "manifest-missing": "no manifest",
+            "manifest-nested": "nests too deeply",
         }
         assert len(skipped) == 1, result.stderr
         assert reason[how] in skipped[0]

@@ -9,7 +9,6 @@ credential chain by their own modules, which own their keys. The ``[[frameworks]
 
 from __future__ import annotations
 
-import math
 import tomllib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,9 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from ckpt.domain.durations import MAX_SECONDS, seconds_problem
 from ckpt.domain.errors import ConfigError
+from ckpt.domain.redaction import redact_url
 
 if TYPE_CHECKING:
     from ckpt.domain.rules.custom import CustomRule
@@ -33,19 +34,20 @@ __all__ = [
 ]
 
 _ADDRESSING = ("path", "virtual", "auto")
-#: The longest duration, in seconds, that any setting or option accepts (about 115 days): far beyond any
-#: sensible timeout or interval, and far below what the platform can wait for (``threading.TIMEOUT_MAX``,
-#: socket timeouts), so a huge value is refused up front instead of overflowing at the first wait.
-MAX_SECONDS = 10_000_000
 #: The largest configuration file read; a real one is a few hundred bytes.
 MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def _url_repr(url: str | None) -> str:
+    """A root or an endpoint as a repr may show it: any user-info hidden (an access key id is secret too)."""
+    return repr(None if url is None else redact_url(url, keep_user=False))
 
 
 @attrs.frozen
 class S3Settings:
     """The ``[s3]`` table: how the S3 client reaches the endpoint."""
 
-    endpoint_url: str | None = None
+    endpoint_url: str | None = attrs.field(default=None, repr=_url_repr)
     region: str | None = None
     addressing_style: str = "auto"
     ca_bundle: str | None = None
@@ -61,14 +63,32 @@ class S3Settings:
     storage_class: str | None = None
 
 
+def _proxy_repr(table: Mapping[str, Any] | None) -> str:
+    """The ``[proxy]`` table as a repr may show it: every URL's user-info secret hidden (errors.md §3.2)."""
+    if table is None:
+        return "None"
+    shown = {key: redact_url(value) if isinstance(value, str) else value for key, value in table.items()}
+    return repr(shown)
+
+
+def _credentials_repr(tables: tuple[Mapping[str, Any], ...]) -> str:
+    """The ``[[credentials]]`` tables as a repr may show them: each source's kind and its keys, no value
+    (a role id, a secret id, a key, a token, a path to one: none belongs in a repr)."""
+    shown = (f"{table.get('source', '?')}({', '.join(sorted(map(str, table)))})" for table in tables)
+    return repr(tuple(shown))
+
+
 @attrs.frozen
 class Config:
-    """A whole configuration file. ``proxy`` is ``None`` when the file has no ``[proxy]`` table."""
+    """A whole configuration file. ``proxy`` is ``None`` when the file has no ``[proxy]`` table.
 
-    root: str | None = None
+    Its repr hides what may be secret: the proxy URLs' user-info and every value of the credential tables.
+    """
+
+    root: str | None = attrs.field(default=None, repr=_url_repr)
     s3: S3Settings = S3Settings()
-    proxy: Mapping[str, Any] | None = None
-    credentials: tuple[Mapping[str, Any], ...] = ()
+    proxy: Mapping[str, Any] | None = attrs.field(default=None, repr=_proxy_repr)
+    credentials: tuple[Mapping[str, Any], ...] = attrs.field(default=(), repr=_credentials_repr)
     path: str | None = None
     frameworks: tuple[CustomRule, ...] = ()
 
@@ -77,16 +97,16 @@ def _number(table: Mapping[str, Any], key: str, where: str, *, positive: bool = 
     if key not in table:
         return None
     value = table[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{where}.{key} must be a number, got {value!r}", key=f"{where}.{key}")
-    if not math.isfinite(value) or value > MAX_SECONDS:
-        raise ConfigError(
-            f"{where}.{key} must be a finite number of seconds up to {MAX_SECONDS}, got {value!r}",
-            key=f"{where}.{key}",
-        )
-    if positive and value <= 0:
-        raise ConfigError(f"{where}.{key} must be greater than 0, got {value!r}", key=f"{where}.{key}")
+    problem = seconds_problem(value, zero=not positive)
+    if problem is not None:
+        raise ConfigError(f"{where}.{key} {problem}, got {_shown(value)}", key=f"{where}.{key}")
     return float(value)
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short: a 400-digit number in an error message says no more than its start."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
 
 
 def _string(table: Mapping[str, Any], key: str, where: str) -> str | None:
@@ -278,4 +298,6 @@ def load_config(path: str) -> Config:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"configuration file {path!r} is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError(f"configuration file {path!r} nests arrays or tables too deeply to read") from None
     return parse_config(document, path=path)

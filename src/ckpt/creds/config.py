@@ -31,6 +31,7 @@ from ckpt.creds.vault import (
     VaultSource,
     vault_address_problem,
 )
+from ckpt.domain.durations import seconds_problem
 from ckpt.domain.errors import ConfigError
 from ckpt.domain.redaction import redact_url
 
@@ -61,9 +62,6 @@ _AUTH_KEYS: Mapping[str, tuple[str, ...]] = {
     "kubernetes": ("method", "mount", "role", "jwt_file"),
     "approle": ("method", "mount", "role_id", "role_id_file", "secret_id", "secret_id_file"),
 }
-#: The longest duration any setting accepts: ``ckpt.config.MAX_SECONDS``, restated because the credential
-#: layer sits below the configuration module and may not import it (the layer contract).
-_MAX_SECONDS = 10_000_000
 _FIELD_KEYS = ("access_key_id", "secret_access_key", "session_token")
 
 
@@ -190,15 +188,16 @@ def _auth(table: _Table) -> KubernetesAuth | AppRoleAuth:
 
 
 def _seconds(table: _Table, name: str, *, default: float) -> float:
-    """Seconds above 0 and at most ``_MAX_SECONDS`` (the bound of every duration), or ``default``."""
+    """Seconds above 0 and at most ``MAX_SECONDS`` (``ckpt.domain.durations``), or ``default``."""
     if name not in table.table:
         return default
     value = table.table[name]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= _MAX_SECONDS:
+    problem = seconds_problem(value)
+    if problem is not None:
         key = table.key(name)
-        raise ConfigError(
-            f"{key} must be a number of seconds above 0 and at most {_MAX_SECONDS}, got {value!r}", key=key
-        )
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:24]}..."
+        raise ConfigError(f"{key} {problem}, got {shown}", key=key)
+    assert isinstance(value, int | float)  # seconds_problem says so
     return float(value)
 
 

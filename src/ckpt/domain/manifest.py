@@ -203,6 +203,8 @@ def decode_manifest(data: bytes) -> Manifest:
         raise
     except ValueError as exc:
         raise _fail(f"is not JSON: {exc}", "not-json") from None
+    except RecursionError:  # nesting deeper than the parser goes is no manifest either
+        raise _fail("is not JSON this decoder reads: it nests too deeply", "not-json") from None
     if not isinstance(document, dict) or tuple(document) != _KEYS:
         raise _fail("is not an object with exactly the keys version, algorithm, files in that order", "keys")
     if type(document["version"]) is not int or document["version"] != VERSION:

@@ -39,6 +39,7 @@ from ckpt.creds.model import Credentials
 from ckpt.creds.vault.auth import VaultAuth, login_request
 from ckpt.creds.vault.failures import PermissionDeniedError, call_vault
 from ckpt.creds.vault.token import VaultToken, plan_token, token_from_auth
+from ckpt.domain.durations import MAX_SECONDS
 from ckpt.domain.errors import ConfigError, CredentialsError
 from ckpt.domain.loopback import is_loopback_host
 from ckpt.domain.redaction import redact_url
@@ -47,9 +48,6 @@ __all__ = ["VaultFields", "VaultSource", "vault_address_problem"]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-#: The longest request timeout accepted: the bound of every duration (config.MAX_SECONDS).
-_MAX_TIMEOUT_SECONDS = 10_000_000
 
 
 def vault_address_problem(address: str, *, allow_insecure_http: bool) -> str | None:
@@ -143,11 +141,9 @@ class VaultSource:
         if (
             isinstance(self.timeout, bool)
             or not isinstance(self.timeout, int | float)
-            or not (0 < self.timeout <= _MAX_TIMEOUT_SECONDS)
+            or not (0 < self.timeout <= MAX_SECONDS)
         ):
-            raise ConfigError(
-                f"the Vault timeout must be a number of seconds above 0, at most {_MAX_TIMEOUT_SECONDS}"
-            )
+            raise ConfigError(f"the Vault timeout must be a number of seconds above 0, at most {MAX_SECONDS}")
         self.path = self.path.strip("/")
         self.mount = self.mount.strip("/")
         if not self.path or not self.mount:

@@ -30,13 +30,13 @@ Rules:
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from ckpt.domain.durations import seconds_problem
 from ckpt.domain.errors import ConfigError
 from ckpt.domain.ports import FileInfo
 from ckpt.domain.room import longest_name
@@ -177,8 +177,10 @@ def _settle(table: Mapping[str, Any], where: str) -> float | None:
     if "settle" not in table:
         return None
     value = table["settle"]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise _fail(where, "settle", f"must be a finite number of seconds >= 0, got {value!r}")
+    problem = seconds_problem(value, zero=True)
+    if problem is not None:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:24]}..."
+        raise _fail(where, "settle", f"{problem}, got {shown}")
     return float(value)
 
 
