@@ -177,6 +177,25 @@ class TestEntries:
         assert pins(root) == [1000]
         assert len(os.listdir(root / "pub")) == 6
 
+    @pytest.mark.parametrize("save", [".ckpt-prune-0123456789abcdef", ".ckpt-prune-0123456789abcdef.decided"])
+    def test_a_save_named_like_a_prune_journal_is_refused_and_prune_removes_nothing(
+        self, root: Path, save: str
+    ) -> None:
+        """names.md §1.1 rule 6. Found from outside: such a single-file save was published, then prune read it
+        as an unfinished journal and deleted it while its entry stayed. Publishing it is refused now (exit
+        2), and an entry naming it that another port wrote makes prune exit 5 with the file kept."""
+        (root / save).write_bytes(b"model weights")
+        refused = ckpt(root, "publish", "--epoch", "1", "--step", "5000", save)
+        assert refused.returncode == 2, refused.stderr
+        assert "starts with .ckpt-" in refused.stderr
+        bad = f"{1:020d}-{5000:020d}-" + base64.b32encode(save.encode()).decode().rstrip("=")
+        (root / "pub" / bad).touch()
+        for command in (["entries"], ["prune", "--keep", "9"]):
+            result = ckpt(root, *command)
+            assert result.returncode == 5, (command, result.stderr)
+            assert bad in result.stderr
+        assert (root / save).read_bytes() == b"model weights"
+
 
 class TestPruneTiers:
     def test_dry_run_shows_each_kept_entry_with_its_reasons(self, root: Path) -> None:

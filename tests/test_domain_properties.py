@@ -385,6 +385,8 @@ class TestBulkRowCheck:
             (".", "'.' or '..'"),
             ("pub", "pub/"),
             ("pins/exec/a", "pins/"),
+            (".ckpt-prune-0123456789abcdef", "starts with .ckpt-"),
+            (".ckpt-doctor/x", "starts with .ckpt-"),
             ("exec/a\x7fb", "control character"),
             ("exec/a\tb", "control character"),
             ("exec/a\x00b", "control character"),
@@ -417,7 +419,7 @@ class TestBulkRowCheck:
         assert caught.value.value == bad
 
     @pytest.mark.parametrize(
-        "save", [".hidden/a", "exec/.a", "p", "pubx/a", "pinsx", "exec/é/ck", "exec/a b"]
+        "save", [".hidden/a", "exec/.a", "p", "pubx/a", "pinsx", "exec/é/ck", "exec/a b", ".ckpt/a", ".ckptx"]
     )
     def test_what_the_check_cannot_decide_goes_to_the_regex(self, save: str, regex_runs: list[int]) -> None:
         """Valid saves it leaves undecided (an element led by '.', a save led by 'p', other UTF-8) are

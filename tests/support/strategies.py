@@ -461,6 +461,7 @@ def oracle_save_ok(save: str) -> bool:
         and not any(ch in ASCII_CONTROLS for ch in save)
         and all(e not in {"", ".", ".."} for e in elements)
         and elements[0] not in {"pub", "pins"}
+        and not elements[0].startswith(".ckpt-")
     )
 
 
@@ -480,6 +481,7 @@ element_chars = st.one_of(
 )
 # The first elements no save may have (pub, pins) and their neighbours, which a sloppy check confuses.
 _NEXT_TO_THE_RESERVED = ("pub", "pubx", "Pub", "pub.d", "pins", "pinsx", "Pins", "pins.d")
+_NEXT_TO_THE_RESERVED += (".ckpt-", ".ckpt-prune-0", ".ckpt", ".ckptx", ".Ckpt-x", "x.ckpt-")
 elements = st.one_of(
     st.text(element_chars, min_size=1, max_size=10).filter(lambda e: e not in {".", ".."}),
     # Elements next to a rule: valid, but a sloppy check refuses them (or accepts their neighbours).
@@ -493,6 +495,8 @@ def short_saves(draw: st.DrawFn) -> str:
     parts = draw(st.lists(elements, min_size=1, max_size=6))
     if parts[0] in {"pub", "pins"}:
         parts[0] += "x"
+    if parts[0].startswith(".ckpt-"):
+        parts[0] = "x" + parts[0]
     while len(parts) > 1 and len("/".join(parts).encode("utf-8")) > MAX_SAVE_BYTES:
         parts.pop()
     save = "/".join(parts)
@@ -603,7 +607,7 @@ TAIL_CHARS = B32_ALPHABET + "018=abcdefgmqvz" + "\u0660\u0664\uff10\uff14\u00b2\
 
 
 _SAVE_DEFECTS = ("pub", "pub-inside", "pins", "pins-inside", "dot", "empty-element", "leading", "trailing")
-_SAVE_DEFECTS += ("control", "utf8")
+_SAVE_DEFECTS += ("control", "utf8", "reserved")
 
 
 @st.composite
@@ -617,6 +621,8 @@ def defective_saves(draw: st.DrawFn) -> bytes:
         return kind.encode()
     if kind in {"pub-inside", "pins-inside"}:
         return f"{kind.partition('-')[0]}/{save}".encode()
+    if kind == "reserved":
+        return f".ckpt-{save}".encode()
     if kind in {"dot", "empty-element"}:
         element = draw(st.sampled_from([".", ".."])) if kind == "dot" else ""
         return "/".join([*parts[:at], element, *parts[at:]]).encode()

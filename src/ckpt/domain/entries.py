@@ -30,6 +30,7 @@ __all__ = [
     "NEVER_SAVES",
     "PINS_DIR_NAME",
     "PUB_DIR_NAME",
+    "RESERVED_PREFIX",
     "Entry",
     "latest",
     "parse_epoch",
@@ -48,6 +49,10 @@ NEVER_SAVES = {
     PUB_DIR_NAME: "is pub/ or inside it (the publication log is not a save)",
     PINS_DIR_NAME: "is pins/ or inside it (the pins are not a save)",
 }
+#: What no save's first element may start with: ckpt's own files and folders at the top of a root (prune
+#: journals and their decisions, doctor's probes), which prune and doctor remove as theirs.
+RESERVED_PREFIX = ".ckpt-"
+RESERVED = f"starts with {RESERVED_PREFIX} (ckpt's own files at the root: prune journals, doctor's probes)"
 MAX_U64 = 2**64 - 1
 
 # ASCII control characters: C0 (0x00-0x1f) and DEL (0x7f). NUL is among them.
@@ -174,6 +179,8 @@ def save_error(save: object) -> str | None:
         return "has an empty path element ('//')"
     if "." in elements or ".." in elements:
         return "has a '.' or '..' path element (not clean)"
+    if elements[0].startswith(RESERVED_PREFIX):
+        return RESERVED
     return NEVER_SAVES.get(elements[0])
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 
 from ckpt.domain.arguments import require_instance, require_str
-from ckpt.domain.entries import MAX_U64, NEVER_SAVES, Entry, save_error
+from ckpt.domain.entries import MAX_U64, NEVER_SAVES, RESERVED_PREFIX, Entry, save_error
 from ckpt.domain.errors import InvalidError, MalformedError
 
 __all__ = [
@@ -255,10 +255,13 @@ _ROLES_OF = {"/": _AFTER_SEP | _NOT_AFTER_SEP, "\n": _AFTER_SEP | _AFTER_ROW, "\
 _ROLES_OF |= {".": _NOT_AFTER_SEP} | {never[0]: _NOT_AT_ROW for never in NEVER_SAVES}
 _ROLES = bytes(_ROLES_OF.get(chr(c), 0) for c in range(256))
 # Rule 2 over decoded rows: elements free of '/' and control characters, none empty, '.' or '..', the first
-# none of NEVER_SAVES (pub, pins: the list save_error uses); a save ends at the NUL of its row.
+# none of NEVER_SAVES (pub, pins: the list save_error uses) nor led by RESERVED_PREFIX (a save led by '.'
+# is never decided by the role bits: '.' may not follow a row's start); a save ends at the NUL of its row.
 _ELEMENT = r"(?!\.\.?[/\x00])[^/\x00-\x1f\x7f]++"
 _NOT_A_SAVE = "|".join(map(re.escape, NEVER_SAVES))
-_ROWS = re.compile(rf"(?:(?!(?:{_NOT_A_SAVE})[/\x00]){_ELEMENT}(?:/{_ELEMENT})*+\x00\x01*+\n)*+")
+_ROWS = re.compile(
+    rf"(?:(?!(?:{_NOT_A_SAVE})[/\x00]|{re.escape(RESERVED_PREFIX)}){_ELEMENT}(?:/{_ELEMENT})*+\x00\x01*+\n)*+"
+)
 
 # Translating names with _ORDER makes string order equal entry order: digits keep their order, and base32
 # characters sort by the value they encode (A-Z are 0-25, 2-7 are 26-31, so 2-7 must sort after Z), and the
