@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ckpt.config import (
+    MAX_ATTEMPTS,
     MAX_CONFIG_BYTES,
     MAX_SECONDS,
     Config,
@@ -43,6 +44,17 @@ class TestS3Timings:
             parse_config({"s3": {key: value}})
         assert caught.value.key == f"s3.{key}"
         assert len(str(caught.value)) < 200
+
+    @pytest.mark.parametrize("value", [0, -1, 101, 10**30, True, 2.0])
+    def test_max_attempts_out_of_range_is_refused(self, value: object) -> None:
+        """1 to MAX_ATTEMPTS (100): 10**30 would retry a refusing endpoint for ever."""
+        with pytest.raises(ConfigError, match=r"s3\.max_attempts must be an integer from 1 to 100") as caught:
+            parse_config({"s3": {"max_attempts": value}})
+        assert caught.value.key == "s3.max_attempts"
+
+    def test_max_attempts_at_its_bounds_loads(self) -> None:
+        assert parse_config({"s3": {"max_attempts": 1}}).s3.max_attempts == 1
+        assert parse_config({"s3": {"max_attempts": MAX_ATTEMPTS}}).s3.max_attempts == MAX_ATTEMPTS
 
     def test_the_longest_accepted_duration_loads(self) -> None:
         """MAX_SECONDS itself is accepted, as a float."""

@@ -133,6 +133,10 @@ class TestRefusedKeys:
         assert UNKNOWN_SECRET not in str(caught.value) + repr(caught.value)
 
 
+# What each rotation test publishes: one entry with the old key, one after the rotation.
+ROTATED = [Entry(1, 100, "exec/a/checkpoint-100"), Entry(1, 200, "exec/a/checkpoint-200")]
+
+
 class TestRotation:
     def test_a_key_rotated_on_the_server_is_picked_up_without_a_new_client(
         self, rgw_server: RgwServer, bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -158,14 +162,7 @@ class TestRotation:
         assert new[1] not in caplog.text
         assert old[1] not in caplog.text
 
-        assert (
-            store.entries()
-            == [first, second]
-            == [
-                Entry(1, 100, "exec/a/checkpoint-100"),
-                Entry(1, 200, "exec/a/checkpoint-200"),
-            ]
-        )
+        assert store.entries() == [first, second] == ROTATED
         stale = only_loopback(
             make_s3_client(
                 http_settings(rgw_server.endpoint),
@@ -208,14 +205,7 @@ class TestRotation:
         assert len(refreshes(caplog)) == 1, refreshes(caplog)
         for secret in (old[1], new[1], secret_id):
             assert secret not in caplog.text
-        assert (
-            store.entries()
-            == [first, second]
-            == [
-                Entry(1, 100, "exec/a/checkpoint-100"),
-                Entry(1, 200, "exec/a/checkpoint-200"),
-            ]
-        )
+        assert store.entries() == [first, second] == ROTATED
 
     def test_a_prune_whose_key_is_revoked_between_its_requests_completes_as_undisturbed(
         self, rgw_server: RgwServer, bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ckpt.domain.rules.custom import CustomRule
 
 __all__ = [
+    "MAX_ATTEMPTS",
     "MAX_CONFIG_BYTES",
     "MAX_SECONDS",
     "Config",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 _ADDRESSING = ("path", "virtual", "auto")
+#: The most attempts per request ``[s3] max_attempts`` accepts: with the standard mode's backoff (at most
+#: 20 s apart) a request that keeps failing gives up within about half an hour, not never.
+MAX_ATTEMPTS = 100
 #: The largest configuration file read; a real one is a few hundred bytes.
 MAX_CONFIG_BYTES = 1024 * 1024
 
@@ -188,9 +192,10 @@ def _parse_s3(table: object) -> S3Settings:
             kwargs[key] = number
     if "max_attempts" in table:
         value = table["max_attempts"]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
             raise ConfigError(
-                f"s3.max_attempts must be an integer >= 1, got {value!r}", key="s3.max_attempts"
+                f"s3.max_attempts must be an integer from 1 to {MAX_ATTEMPTS}, got {_shown(value)}",
+                key="s3.max_attempts",
             )
         kwargs["max_attempts"] = value
     kwargs.update(_bucket_settings(table))
