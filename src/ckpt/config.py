@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from ckpt.domain.durations import MAX_SECONDS, seconds_problem
+from ckpt.domain.durations import MAX_SECONDS, seconds_problem, shown_value
 from ckpt.domain.errors import ConfigError
 from ckpt.domain.redaction import redact_url
 
@@ -103,14 +103,8 @@ def _number(table: Mapping[str, Any], key: str, where: str, *, positive: bool = 
     value = table[key]
     problem = seconds_problem(value, zero=not positive)
     if problem is not None:
-        raise ConfigError(f"{where}.{key} {problem}, got {_shown(value)}", key=f"{where}.{key}")
+        raise ConfigError(f"{where}.{key} {problem}, got {shown_value(value)}", key=f"{where}.{key}")
     return float(value)
-
-
-def _shown(value: object) -> str:
-    """``repr(value)``, cut short: a 400-digit number in an error message says no more than its start."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
 
 
 def _string(table: Mapping[str, Any], key: str, where: str) -> str | None:
@@ -194,7 +188,7 @@ def _parse_s3(table: object) -> S3Settings:
         value = table["max_attempts"]
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
             raise ConfigError(
-                f"s3.max_attempts must be an integer from 1 to {MAX_ATTEMPTS}, got {_shown(value)}",
+                f"s3.max_attempts must be an integer from 1 to {MAX_ATTEMPTS}, got {shown_value(value)}",
                 key="s3.max_attempts",
             )
         kwargs["max_attempts"] = value

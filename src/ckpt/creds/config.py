@@ -31,7 +31,7 @@ from ckpt.creds.vault import (
     VaultSource,
     vault_address_problem,
 )
-from ckpt.domain.durations import seconds_problem
+from ckpt.domain.durations import seconds_problem, shown_value
 from ckpt.domain.errors import ConfigError
 from ckpt.domain.redaction import redact_url
 
@@ -195,8 +195,7 @@ def _seconds(table: _Table, name: str, *, default: float) -> float:
     problem = seconds_problem(value)
     if problem is not None:
         key = table.key(name)
-        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:24]}..."
-        raise ConfigError(f"{key} {problem}, got {shown}", key=key)
+        raise ConfigError(f"{key} {problem}, got {shown_value(value)}", key=key)
     assert isinstance(value, int | float)  # seconds_problem says so
     return float(value)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_SECONDS", "seconds_problem"]
+__all__ = ["MAX_SECONDS", "seconds_problem", "shown_value"]
 
 #: The longest duration, in seconds, that any setting or option accepts (about 115 days): far beyond any
 #: sensible timeout or interval, and far below what the platform can wait for (``threading.TIMEOUT_MAX``,
@@ -37,3 +37,13 @@ def seconds_problem(value: object, *, zero: bool = False) -> str | None:
     if value > MAX_SECONDS or value < 0 or (value == 0 and not zero):
         return f"must be a number of seconds {span}"
     return None
+
+
+def shown_value(value: object) -> str:
+    """``repr(value)`` for an error message, cut short: of a 400-digit number its start says enough.
+
+    >>> shown_value(10**50)
+    '100000000000000000000000... (51 characters)'
+    """
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"

@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from ckpt.domain.durations import seconds_problem
+from ckpt.domain.durations import seconds_problem, shown_value
 from ckpt.domain.errors import ConfigError
 from ckpt.domain.ports import FileInfo
 from ckpt.domain.room import longest_name
@@ -179,8 +179,7 @@ def _settle(table: Mapping[str, Any], where: str) -> float | None:
     value = table["settle"]
     problem = seconds_problem(value, zero=True)
     if problem is not None:
-        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:24]}..."
-        raise _fail(where, "settle", f"{problem}, got {shown}")
+        raise _fail(where, "settle", f"{problem}, got {shown_value(value)}")
     return float(value)
 
 
